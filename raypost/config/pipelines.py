@@ -1,0 +1,43 @@
+"""Top-level config of each pipeline: the sections it is made of, plus its own."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from raypost.config.base import StrictModel
+from raypost.config.sections import (
+    DataConfig,
+    DeepSpeedConfig,
+    EvalConfig,
+    ModelConfig,
+    OptimConfig,
+    ResourcesConfig,
+    RunConfig,
+)
+
+
+class SFTTrainConfig(StrictModel):
+    """How long SFT trains."""
+
+    epochs: int = Field(3, ge=1, le=10_000, description="Passes over the training data.")
+    max_steps: int | None = Field(None, ge=1, le=10_000_000, description="Stop after this many optimizer steps.")
+    eval_every: int | None = Field(None, ge=1, description="Steps between eval-loss passes (None: end only).")
+
+
+class SFTConfig(StrictModel):
+    """``pipelines/sft.py``: supervised fine-tuning on question -> worked answer."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Model to train.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Training data.")
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer and batch.")
+    deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig, description="DeepSpeed/ZeRO.")
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="Learner placement.")
+    run: RunConfig = Field(default_factory=lambda: RunConfig(name="sft"), description="Run folder, logging, checkpoints.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
+    train: SFTTrainConfig = Field(default_factory=SFTTrainConfig, description="Length of training.")
+
+    @model_validator(mode="after")
+    def _lora_zero(self) -> "SFTConfig":
+        if self.model.lora.enabled and self.deepspeed.zero_stage == 3:
+            raise ValueError("model.lora.enabled with deepspeed.zero_stage 3 is not supported; use zero_stage <= 2")
+        return self

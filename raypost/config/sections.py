@@ -1,0 +1,153 @@
+"""Config sections shared by every pipeline. Every field has a description and bounds."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from raypost.config.base import StrictModel
+
+
+class TinyModelConfig(StrictModel):
+    """The offline model built from config: Qwen2 architecture, tokenizer trained locally."""
+
+    hidden_size: int = Field(256, ge=16, le=8192, description="Width of the residual stream.")
+    num_layers: int = Field(4, ge=1, le=128, description="Number of decoder layers.")
+    num_heads: int = Field(4, ge=1, le=128, description="Attention heads.")
+    num_kv_heads: int = Field(2, ge=1, le=128, description="Key/value heads (GQA); must divide num_heads.")
+    intermediate_size: int = Field(768, ge=16, le=65536, description="MLP width.")
+    vocab_size: int = Field(1024, ge=128, le=262144, description="Target vocabulary size of the trained BPE.")
+    max_position_embeddings: int = Field(512, ge=32, le=131072, description="Longest sequence the model supports.")
+    seed: int = Field(0, ge=0, description="Seed for the initial weights.")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> "TinyModelConfig":
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size ({self.hidden_size}) must be a multiple of num_heads ({self.num_heads})")
+        return self
+
+
+class LoraConfig(StrictModel):
+    """LoRA adapters through peft; the base weights stay frozen."""
+
+    enabled: bool = Field(False, description="Train LoRA adapters instead of all weights.")
+    r: int = Field(8, ge=1, le=1024, description="Adapter rank.")
+    alpha: int = Field(16, ge=1, le=4096, description="LoRA scaling numerator.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapter input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        min_length=1, description="Module names that get adapters.")
+
+
+class ModelConfig(StrictModel):
+    """Which model to train. ``path`` empty means: build the offline tiny model."""
+
+    path: str | None = Field(None, min_length=1, description="HF id or local path; None builds the tiny model.")
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Tiny-model shape (path=None).")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="Optional LoRA adapters.")
+
+
+class SyntheticTaskConfig(StrictModel):
+    """The embedded arithmetic word-problem task (GSM8K-style, integer answers)."""
+
+    num_train: int = Field(4000, ge=1, le=10_000_000, description="Training problems generated.")
+    num_eval: int = Field(200, ge=1, le=1_000_000, description="Held-out problems generated (disjoint seed).")
+    max_operand: int = Field(20, ge=2, le=10_000, description="Operands are drawn from 1..max_operand.")
+    two_step_fraction: float = Field(0.3, ge=0.0, le=1.0, description="Share of problems with two operations.")
+    seed: int = Field(1234, ge=0, description="Generator seed; eval uses seed+1.")
+
+
+class DataConfig(StrictModel):
+    """Where prompts come from and how they become token ids."""
+
+    source: Literal["synthetic", "jsonl", "parquet", "hf"] = Field(
+        "synthetic", description="synthetic (offline default), jsonl, parquet or hf (datasets name or path).")
+    path: str | None = Field(None, min_length=1, description="File, folder or HF dataset id (not for synthetic).")
+    eval_path: str | None = Field(None, min_length=1, description="Held-out file/split path; default: split off eval_fraction.")
+    hf_split: str = Field("train", min_length=1, description="Split of an HF dataset to read.")
+    hf_config: str | None = Field(None, description="HF dataset config name (GSM8K: 'main').")
+    prompt_field: str = Field("question", min_length=1, description="Row field holding the question.")
+    answer_field: str = Field("answer", min_length=1, description="Row field holding the answer (GSM8K '#### n' parsed).")
+    eval_fraction: float = Field(0.05, gt=0.0, lt=1.0, description="Held-out share when no eval_path is given.")
+    max_eval_samples: int = Field(200, ge=1, le=100_000, description="Cap on held-out problems used for accuracy.")
+    system_prompt: str | None = Field(None, description="Optional system message put before every question.")
+    max_seq_len: int = Field(256, ge=16, le=131072, description="Rows longer than this (prompt+answer tokens) are rejected.")
+    pack: bool = Field(True, description="SFT: pack several examples into one max_seq_len row (attention kept per example).")
+    synthetic: SyntheticTaskConfig = Field(default_factory=SyntheticTaskConfig, description="Synthetic task settings.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _infer_source(cls, data: Any) -> Any:
+        """``--dataset x.jsonl`` alone is enough: the source follows from the path."""
+        if isinstance(data, dict) and data.get("path") and "source" not in data:
+            path = str(data["path"])
+            data = {**data, "source": "jsonl" if path.endswith((".jsonl", ".json")) else
+                    "parquet" if path.endswith(".parquet") else "hf"}
+        return data
+
+    @model_validator(mode="after")
+    def _path_needed(self) -> "DataConfig":
+        if self.source != "synthetic" and self.path is None:
+            raise ValueError(f"data.path is required when data.source is '{self.source}'")
+        return self
+
+
+class OptimConfig(StrictModel):
+    """Optimizer, schedule and batch shape of a learner."""
+
+    lr: float = Field(1e-3, gt=0.0, le=1.0, description="Peak learning rate (AdamW).")
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas.")
+    warmup_ratio: float = Field(0.05, ge=0.0, le=0.5, description="Share of steps with linear warm-up.")
+    scheduler: Literal["cosine", "linear", "constant"] = Field("cosine", description="LR schedule after warm-up.")
+    grad_clip: float = Field(1.0, gt=0.0, le=1e6, description="Max global grad norm.")
+    micro_batch_size: int = Field(16, ge=1, le=65536, description="Rows per worker per forward pass.")
+    grad_accum: int = Field(1, ge=1, le=4096, description="Micro-batches accumulated per optimizer step.")
+
+    @model_validator(mode="after")
+    def _betas_in_range(self) -> "OptimConfig":
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"betas must lie in [0, 1), got {self.betas}")
+        return self
+
+
+class DeepSpeedConfig(StrictModel):
+    """How the learner is wrapped by DeepSpeed."""
+
+    zero_stage: int = Field(2, ge=0, le=3, description="ZeRO stage 0-3.")
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="fp32 (fastest on CPUs without AVX512-BF16) or bf16.")
+    offload_optimizer: bool = Field(False, description="ZeRO-Offload of optimizer state to CPU memory.")
+
+
+class ResourcesConfig(StrictModel):
+    """Placement of the learner. Checked against the cluster before anything starts."""
+
+    num_workers: int = Field(2, ge=1, le=4096, description="Ray Train workers (data-parallel ranks).")
+    cpus_per_worker: float = Field(0.5, gt=0.0, le=1024, description="Logical CPUs reserved per worker.")
+    gpus_per_worker: float = Field(0.0, ge=0.0, le=16, description="GPUs per worker; >0 uses NCCL instead of gloo.")
+    torch_threads: int | None = Field(None, ge=1, le=1024, description="torch intra-op threads per worker (default: cores/workers).")
+
+
+class RunConfig(StrictModel):
+    """Where the run lives and how it reports."""
+
+    name: str = Field("raypost-run", min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="Run name (folder and resume key).")
+    storage_path: str = Field("runs", min_length=1, description="Root folder of runs; the same name+storage resumes.")
+    seed: int = Field(0, ge=0, description="Global seed (data order, sampling, init of new heads).")
+    log_every: int = Field(10, ge=1, le=100_000, description="Steps between progress lines.")
+    checkpoint_every: int = Field(50, ge=1, le=1_000_000, description="Steps between checkpoints.")
+    keep_checkpoints: int = Field(2, ge=1, le=1000, description="Checkpoints kept on storage.")
+    max_failures: int = Field(0, ge=-1, le=1000, description="Worker-group restarts allowed (-1: unlimited).")
+    wandb_mode: Literal["offline", "online", "disabled"] = Field("offline", description="wandb mode; offline by default.")
+    ray_address: str | None = Field(None, description="Ray address; None joins the job's cluster or starts a local one.")
+
+
+class EvalConfig(StrictModel):
+    """Held-out greedy exact-match evaluation."""
+
+    max_new_tokens: int = Field(48, ge=1, le=32768, description="Generation budget per held-out question.")
+    batch_size: int = Field(64, ge=1, le=4096, description="Questions generated per batch.")

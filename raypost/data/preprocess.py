@@ -1,0 +1,92 @@
+"""The Ray Data preprocessing pipeline: read -> normalize -> chat template + tokenize ->
+length filter -> (SFT) pack. Rejects are counted, logged and written with their reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ray.data
+
+from raypost.config import DataConfig
+from raypost.data.packing import pack_frame
+from raypost.data.sources import read_source
+from raypost.data.tokenize import Tokenize
+
+log = logging.getLogger("raypost.data")
+
+
+class DataError(RuntimeError):
+    """The data cannot be used at all (for example: every row was rejected)."""
+
+
+@dataclass
+class SplitCounts:
+    read: int = 0
+    kept: int = 0
+    reasons: Counter = field(default_factory=Counter)
+
+    @property
+    def rejected(self) -> int:
+        return self.read - self.kept
+
+    def as_dict(self) -> dict:
+        return {"read": self.read, "kept": self.kept, "rejected": self.rejected, "reasons": dict(self.reasons)}
+
+
+def _in_eval(row_id: str, fraction: float) -> bool:
+    return int(hashlib.sha1(row_id.encode()).hexdigest()[:8], 16) % 10_000 < fraction * 10_000
+
+
+def read_splits(cfg: DataConfig) -> tuple[ray.data.Dataset, ray.data.Dataset]:
+    """Normalized train and eval rows (materialized). Eval comes from eval_path, the
+    synthetic eval seed, or a stable hash split of ids (no row is in both)."""
+    train = read_source(cfg, cfg.path, cfg.hf_split if cfg.source == "hf" else "train").materialize()
+    if cfg.source == "synthetic":
+        return train, read_source(cfg, None, "eval").materialize()
+    if cfg.eval_path is not None:
+        return train, read_source(cfg, cfg.eval_path, "test").materialize()
+    frac = cfg.eval_fraction
+    is_eval = lambda r: r["reject"] == "" and _in_eval(r["id"], frac)  # noqa: E731
+    return (train.filter(lambda r: not is_eval(r)).materialize(), train.filter(is_eval).materialize())
+
+
+def tokenize(ds: ray.data.Dataset, tokenizer_path: str, cfg: DataConfig) -> ray.data.Dataset:
+    """Add prompt_ids/completion_ids; over-long rows become rejects."""
+    return ds.map_batches(Tokenize, batch_format="pandas", compute=ray.data.ActorPoolStrategy(size=1),
+                          fn_constructor_kwargs={"tokenizer_path": tokenizer_path,
+                                                 "system_prompt": cfg.system_prompt,
+                                                 "max_seq_len": cfg.max_seq_len}).materialize()
+
+
+def split_rejects(ds: ray.data.Dataset, split: str, rejects_path: Path) -> tuple[ray.data.Dataset, SplitCounts]:
+    """Good rows, and the counts; rejects are appended to ``rejects_path`` as JSONL."""
+    counts = SplitCounts(read=ds.count())
+    rejects = ds.filter(expr="reject != ''")
+    rejects_path.parent.mkdir(parents=True, exist_ok=True)
+    with rejects_path.open("a") as fh:
+        for row in rejects.iter_rows():
+            counts.reasons[row["reject"].split(":")[0]] += 1
+            fh.write(json.dumps({"split": split, "reason": row["reject"], "raw": row["raw"]}) + "\n")
+    good = ds.filter(expr="reject == ''").drop_columns(["raw", "reject"]).materialize()
+    counts.kept = good.count()
+    log.info("data[%s]: read %d, kept %d, rejected %d %s (see %s)", split, counts.read, counts.kept,
+             counts.rejected, dict(counts.reasons) or "", rejects_path)
+    if counts.kept == 0:
+        raise DataError(f"every one of the {counts.read} {split} rows was rejected "
+                        f"({dict(counts.reasons)}); the reasons per row are in {rejects_path}")
+    return good, counts
+
+
+def sft_rows(good: ray.data.Dataset, cfg: DataConfig, epochs: int, seed: int) -> ray.data.Dataset:
+    """Training rows for all epochs in one deterministic order: each epoch is its own
+    seeded shuffle, then examples are packed. Resume is a cursor into this order."""
+    per_epoch = [good.random_shuffle(seed=seed + e) for e in range(epochs)]
+    ds = per_epoch[0].union(*per_epoch[1:]) if epochs > 1 else per_epoch[0]
+    return ds.map_batches(pack_frame, batch_format="pandas", batch_size=256,
+                          fn_kwargs={"max_seq_len": cfg.max_seq_len, "pack": cfg.pack}).materialize()

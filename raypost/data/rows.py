@@ -1,0 +1,65 @@
+"""Row validation: every source's rows become one schema, or a reject with a reason.
+
+Schema of a normalized row (all strings): ``id``, ``question``, ``solution`` (worked
+answer used as the SFT target), ``answer`` (normalized final answer), ``reject``
+(empty when the row is good) and ``raw`` (the original row as JSON, kept for rejects).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from raypost.data.answers import final_answer, normalize_number, strip_calculator
+
+COLUMNS = ["id", "question", "solution", "answer", "reject", "raw"]
+
+
+def _row_id(question: str, answer: str) -> str:
+    return hashlib.sha1(f"{question}\x00{answer}".encode()).hexdigest()[:16]
+
+
+def _raw(row: Any) -> str:
+    try:
+        return json.dumps(row, default=str)[:2000]
+    except (TypeError, ValueError):
+        return repr(row)[:2000]
+
+
+def reject(reason: str, raw: str) -> dict[str, str]:
+    """A rejected row: ``reason`` says which field is wrong and why."""
+    return {"id": "", "question": "", "solution": "", "answer": "", "reject": reason, "raw": raw}
+
+
+def normalize_row(row: Any, prompt_field: str, answer_field: str) -> dict[str, str]:
+    """Validate one source row; return a normalized row or a reject naming the field."""
+    raw = _raw(row)
+    if not isinstance(row, dict):
+        return reject(f"row is {type(row).__name__}, expected an object", raw)
+    question, answer = row.get(prompt_field), row.get(answer_field)
+    for field, value in ((prompt_field, question), (answer_field, answer)):
+        if value is None:
+            return reject(f"missing field '{field}'", raw)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and field == answer_field:
+            continue
+        if not isinstance(value, str):
+            return reject(f"field '{field}' is {type(value).__name__}, expected a string", raw)
+        if not value.strip():
+            return reject(f"field '{field}' is empty", raw)
+    answer_text = str(answer).strip()
+    final = final_answer(answer_text) if "####" in answer_text else normalize_number(answer_text)
+    if final is None:
+        return reject(f"field '{answer_field}' has no numeric final answer (expected '#### <number>' or a number)", raw)
+    solution = strip_calculator(answer_text) if "####" in answer_text else f"#### {final}"
+    rid = str(row["id"]) if isinstance(row.get("id"), (str, int)) else _row_id(question, answer_text)
+    return {"id": rid, "question": question.strip(), "solution": solution, "answer": final, "reject": "", "raw": ""}
+
+
+def parse_json_line(line: str, prompt_field: str, answer_field: str) -> dict[str, str]:
+    """One JSONL line -> normalized row, or a reject for bad JSON."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as err:
+        return reject(f"bad JSON: {err.msg} at column {err.colno}", line[:2000])
+    return normalize_row(row, prompt_field, answer_field)

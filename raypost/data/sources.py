@@ -1,0 +1,70 @@
+"""Read a data source into a Ray Dataset of normalized rows (see ``rows.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import ray.data
+
+from raypost.config import DataConfig
+from raypost.data import synthetic
+from raypost.data.rows import COLUMNS, normalize_row, parse_json_line
+
+
+def _normalize_frame(batch: pd.DataFrame, prompt_field: str, answer_field: str) -> pd.DataFrame:
+    rows = [normalize_row(r, prompt_field, answer_field) for r in batch.to_dict(orient="records")]
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def _parse_lines(batch: pd.DataFrame, prompt_field: str, answer_field: str) -> pd.DataFrame:
+    lines = [t for t in batch["text"].tolist() if t.strip()]
+    return pd.DataFrame([parse_json_line(t, prompt_field, answer_field) for t in lines], columns=COLUMNS)
+
+
+def num_blocks(rows: int, rows_per_block: int = 4000) -> int:
+    """Few, large blocks: Ray Data's default (200 blocks) makes small data slow on few cores."""
+    return max(1, min(64, -(-rows // rows_per_block)))
+
+
+def _check_path(path: str, what: str) -> None:
+    if not Path(path).exists():
+        raise FileNotFoundError(f"data.{what}: '{path}' does not exist; give a file or folder that does")
+
+
+def read_source(cfg: DataConfig, path: str | None, split: str) -> ray.data.Dataset:
+    """Rows of ``path`` (or the synthetic task's ``split``) as normalized rows with rejects."""
+    kw: dict[str, Any] = {"prompt_field": cfg.prompt_field, "answer_field": cfg.answer_field}
+    if cfg.source == "synthetic":
+        rows = synthetic_rows(cfg, split)
+        return ray.data.from_items(rows, override_num_blocks=num_blocks(len(rows))).map_batches(
+            _normalize_frame, batch_format="pandas", fn_kwargs={"prompt_field": "question", "answer_field": "answer"})
+    assert path is not None
+    if cfg.source == "jsonl":
+        _check_path(path, "path")
+        return ray.data.read_text(path).map_batches(_parse_lines, batch_format="pandas", fn_kwargs=kw)
+    if cfg.source == "parquet":
+        _check_path(path, "path")
+        return ray.data.read_parquet(path).map_batches(_normalize_frame, batch_format="pandas", fn_kwargs=kw)
+    import datasets  # HF datasets: a hub id or a local dataset folder/file
+
+    hf = datasets.load_dataset(path, name=cfg.hf_config, split=split)
+    return ray.data.from_huggingface(hf).repartition(num_blocks(len(hf))).map_batches(_normalize_frame, batch_format="pandas", fn_kwargs=kw)
+
+
+def synthetic_rows(cfg: DataConfig, split: str) -> list[dict[str, Any]]:
+    """The synthetic task's train or eval problems; eval never repeats a train question."""
+    s = cfg.synthetic
+    train = synthetic.generate(s.num_train, s.seed, s.max_operand, s.two_step_fraction, prefix="train")
+    if split == "train":
+        return train
+    seen = {r["question"] for r in train}
+    pool = synthetic.generate(s.num_eval * 2, s.seed + 1, s.max_operand, s.two_step_fraction, prefix="eval")
+    return [r for r in pool if r["question"] not in seen][: s.num_eval]
+
+
+def corpus(cfg: DataConfig, limit: int = 20000) -> list[str]:
+    """Text for training the tiny tokenizer: questions and solutions of the train split."""
+    rows = synthetic_rows(cfg, "train")[:limit]
+    return [r["question"] for r in rows] + [r["answer"] for r in rows]

@@ -1,0 +1,66 @@
+"""The embedded offline task: seeded GSM8K-style arithmetic word problems.
+
+Every problem has an integer answer and a worked solution in GSM8K's format
+(one line per operation, then ``#### <answer>``), so the same parsing, rewards and
+evaluation serve GSM8K itself.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Callable
+
+NAMES = ["Ava", "Ben", "Cara", "Dan", "Eli", "Fay", "Gus", "Hana", "Ivy", "Jon", "Kim", "Leo", "Mia", "Ned", "Ola", "Pia"]
+ITEMS = ["apples", "pens", "books", "stickers", "coins", "cards", "shells", "marbles", "eggs", "stamps"]
+
+
+def _add(r: random.Random, hi: int) -> tuple[str, list[str], int]:
+    a, b = r.randint(1, hi), r.randint(1, hi)
+    n, item = r.choice(NAMES), r.choice(ITEMS)
+    q = f"{n} has {a} {item}. {n} buys {b} more {item}. How many {item} does {n} have now?"
+    return q, [f"{a} + {b} = {a + b}"], a + b
+
+
+def _sub(r: random.Random, hi: int) -> tuple[str, list[str], int]:
+    a, b = sorted((r.randint(1, hi), r.randint(1, hi)), reverse=True)
+    n, m, item = *r.sample(NAMES, 2), r.choice(ITEMS)
+    q = f"{n} has {a} {item}. {n} gives {b} {item} to {m}. How many {item} does {n} have left?"
+    return q, [f"{a} - {b} = {a - b}"], a - b
+
+
+def _mul(r: random.Random, hi: int) -> tuple[str, list[str], int]:
+    a, b = r.randint(2, min(hi, 9)), r.randint(2, min(hi, 9))
+    item = r.choice(ITEMS)
+    q = f"Each box holds {a} {item}. How many {item} are in {b} boxes?"
+    return q, [f"{a} * {b} = {a * b}"], a * b
+
+
+def _two_step(r: random.Random, hi: int) -> tuple[str, list[str], int]:
+    a, b = r.randint(1, hi), r.randint(1, hi)
+    c = r.randint(1, a + b)
+    n, item = r.choice(NAMES), r.choice(ITEMS)
+    q = (f"{n} has {a} {item}. {n} finds {b} more {item}, then gives away {c} {item}. "
+         f"How many {item} does {n} have now?")
+    return q, [f"{a} + {b} = {a + b}", f"{a + b} - {c} = {a + b - c}"], a + b - c
+
+
+ONE_STEP: list[Callable[[random.Random, int], tuple[str, list[str], int]]] = [_add, _sub, _mul]
+
+
+def make_problem(r: random.Random, max_operand: int, two_step_fraction: float) -> dict[str, Any]:
+    """One problem: {'question', 'answer' (GSM8K style: steps + '#### n')}."""
+    kind = _two_step if r.random() < two_step_fraction else r.choice(ONE_STEP)
+    question, steps, result = kind(r, max_operand)
+    return {"question": question, "answer": "\n".join(steps) + f"\n#### {result}"}
+
+
+def generate(n: int, seed: int, max_operand: int = 20, two_step_fraction: float = 0.3,
+             prefix: str = "syn") -> list[dict[str, Any]]:
+    """``n`` problems from ``seed``; rows carry a stable ``id``."""
+    r = random.Random(seed)
+    rows = []
+    for i in range(n):
+        row = make_problem(r, max_operand, two_step_fraction)
+        row["id"] = f"{prefix}-{seed}-{i}"
+        rows.append(row)
+    return rows

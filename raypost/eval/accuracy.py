@@ -1,0 +1,53 @@
+"""Held-out greedy exact-match accuracy with transformers ``generate`` (run as a Ray task)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import ray
+import torch
+
+from raypost.rewards.verifiers import answers_match
+
+
+def greedy_completions(model: Any, prompts: Sequence[Sequence[int]], pad_id: int, eos_id: int,
+                       max_new_tokens: int, batch_size: int) -> list[list[int]]:
+    """Greedy continuations of token-id prompts (left-padded batches), up to EOS."""
+    out: list[list[int]] = []
+    model.eval()
+    for i in range(0, len(prompts), batch_size):
+        chunk = [list(p) for p in prompts[i:i + batch_size]]
+        t = max(len(p) for p in chunk)
+        ids = torch.tensor([[pad_id] * (t - len(p)) + p for p in chunk])
+        mask = torch.tensor([[0] * (t - len(p)) + [1] * len(p) for p in chunk])
+        with torch.no_grad():
+            gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                                 do_sample=False, pad_token_id=pad_id, eos_token_id=eos_id)
+        for row in gen[:, t:].tolist():
+            out.append(row[: row.index(eos_id) + 1] if eos_id in row else row)
+    return out
+
+
+def accuracy(model_path: str, rows: Sequence[dict[str, Any]], max_new_tokens: int, batch_size: int,
+             keep_samples: int = 5) -> dict[str, Any]:
+    """Exact-match accuracy of greedy answers on ``rows`` (each: prompt_ids, answer)."""
+    from raypost.models.hf import load_causal_lm, load_tokenizer
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    tok = load_tokenizer(model_path)
+    model = load_causal_lm(model_path)
+    comps = greedy_completions(model, [r["prompt_ids"] for r in rows], tok.pad_token_id, tok.eos_token_id,
+                               max_new_tokens, batch_size)
+    texts = tok.batch_decode(comps, skip_special_tokens=True)
+    hits = [answers_match(t, r["answer"]) for t, r in zip(texts, rows)]
+    samples = [{"answer": r["answer"], "completion": t, "correct": h}
+               for r, t, h in list(zip(rows, texts, hits))[:keep_samples]]
+    return {"accuracy": sum(hits) / max(1, len(hits)), "n": len(hits), "samples": samples}
+
+
+def remote_accuracy(model_path: str, rows: Sequence[dict[str, Any]], max_new_tokens: int, batch_size: int,
+                    num_cpus: float = 1.0) -> dict[str, Any]:
+    """``accuracy`` as a Ray task, so the driver stays thin and the cluster places it."""
+    task = ray.remote(num_cpus=num_cpus)(accuracy)
+    return ray.get(task.remote(model_path, list(rows), max_new_tokens, batch_size))

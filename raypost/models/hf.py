@@ -1,0 +1,39 @@
+"""Load any HF causal LM / tokenizer by id or path, and export checkpoints in HF format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """AutoTokenizer with a pad token (falls back to EOS, as TRL does)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(path: str | Path, precision: str = "fp32") -> Any:
+    """AutoModelForCausalLM in the given precision, SDPA attention."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[precision], attn_implementation="sdpa")
+
+
+def export_hf(model: Any, tokenizer: Any, out_dir: str | Path, state_dict: dict | None = None) -> Path:
+    """Save ``model`` (merged if it is a peft model) and ``tokenizer`` as an HF folder that
+    transformers and vLLM load. ``state_dict`` overrides the weights (ZeRO-3 gathered)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload()
+    model.save_pretrained(out, state_dict=state_dict, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out

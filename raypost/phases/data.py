@@ -1,0 +1,52 @@
+"""Phase: preprocess the data with Ray Data and build (or load) the model it trains."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray.data
+
+from raypost.config import DataConfig, ModelConfig
+from raypost.data import preprocess
+
+log = logging.getLogger("raypost")
+
+
+@dataclass
+class PreparedData:
+    """Tokenized good rows of both splits, and what was rejected."""
+
+    train: ray.data.Dataset
+    eval: ray.data.Dataset
+    counts: dict[str, Any] = field(default_factory=dict)
+
+    def eval_rows(self, limit: int) -> list[dict[str, Any]]:
+        return [{"id": r["id"], "prompt_ids": list(r["prompt_ids"]), "answer": r["answer"]}
+                for r in self.eval.take(limit)]
+
+
+def base_model(cfg: ModelConfig, train_rows: ray.data.Dataset, out_dir: Path) -> str:
+    """``cfg.path`` as given, or the tiny model built from the training text (cached in out_dir)."""
+    if cfg.path is not None:
+        return cfg.path
+    from raypost.models.tiny import build_tiny_model
+
+    good = train_rows.filter(lambda r: r["reject"] == "").take(20_000)
+    texts = [r["question"] for r in good] + [r["solution"] for r in good]
+    path = build_tiny_model(cfg.tiny, texts, out_dir / "base_model")
+    log.info("tiny model ready at %s", path)
+    return str(path)
+
+
+def prepare(data_cfg: DataConfig, model_cfg: ModelConfig, run_dir: Path) -> tuple[str, PreparedData]:
+    """Read + validate both splits, build/load the model, tokenize; rejects go to run_dir."""
+    train_rows, eval_rows = preprocess.read_splits(data_cfg)
+    model_path = base_model(model_cfg, train_rows, run_dir)
+    rejects = run_dir / "rejects.jsonl"
+    rejects.unlink(missing_ok=True)
+    train, train_counts = preprocess.split_rejects(preprocess.tokenize(train_rows, model_path, data_cfg), "train", rejects)
+    evals, eval_counts = preprocess.split_rejects(preprocess.tokenize(eval_rows, model_path, data_cfg), "eval", rejects)
+    return model_path, PreparedData(train, evals, {"train": train_counts.as_dict(), "eval": eval_counts.as_dict()})

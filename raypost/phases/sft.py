@@ -1,0 +1,62 @@
+"""Phase: supervised fine-tuning on Ray Train + DeepSpeed, then held-out accuracy."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from raypost.config import SFTConfig
+from raypost.data import preprocess
+from raypost.eval import remote_accuracy
+from raypost.phases.data import PreparedData
+from raypost.train import checkpointing
+from raypost.train.sft_loop import sft_loop
+from raypost.train.trainer import fit, worker_resources
+from raypost.utils.cluster import check_resources
+
+log = logging.getLogger("raypost")
+
+
+@dataclass
+class SFTResult:
+    model_path: str
+    steps: int
+    wall_s: float
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def plan_steps(cfg: SFTConfig, num_rows: int) -> int:
+    """Optimizer steps: full global batches over all epochs, capped by train.max_steps."""
+    global_batch = cfg.optim.micro_batch_size * cfg.optim.grad_accum * cfg.resources.num_workers
+    steps = num_rows // global_batch
+    if steps == 0:
+        raise ValueError(f"{num_rows} training rows make no full global batch of {global_batch} "
+                         f"(optim.micro_batch_size x optim.grad_accum x resources.num_workers); lower one of them")
+    return min(steps, cfg.train.max_steps or steps)
+
+
+def run_sft(cfg: SFTConfig, model_path: str, data: PreparedData, run_dir: Path,
+            trial_name: str | None = None) -> SFTResult:
+    """Train; returns the exported HF model (inside the final checkpoint) and its metrics."""
+    check_resources({"resources (learner)": {k: v * cfg.resources.num_workers
+                                             for k, v in worker_resources(cfg.resources).items()}})
+    rows = preprocess.sft_rows(data.train, cfg.data, cfg.train.epochs, cfg.run.seed)
+    eval_rows = preprocess.sft_rows(data.eval, cfg.data.model_copy(update={"pack": False}), 1, cfg.run.seed)
+    total = plan_steps(cfg, rows.count())
+    log.info("sft: %d packed rows, %d steps on %d workers", rows.count(), total, cfg.resources.num_workers)
+    t0 = time.time()
+    result = fit(sft_loop, {"cfg": cfg.model_dump(mode="json"), "model_path": model_path, "run_dir": str(run_dir),
+                            "total_steps": total},
+                 cfg.resources, cfg.run, {"train": rows, "eval": eval_rows}, name=trial_name)
+    if result.error is not None:
+        raise result.error
+    ckpt_dir = Path(result.checkpoint.path)
+    return SFTResult(str(ckpt_dir / checkpointing.HF_DIR), total, time.time() - t0, dict(result.metrics or {}))
+
+
+def evaluate(cfg: SFTConfig, model_path: str, data: PreparedData) -> dict[str, Any]:
+    rows = data.eval_rows(cfg.data.max_eval_samples)
+    return remote_accuracy(model_path, rows, cfg.eval.max_new_tokens, cfg.eval.batch_size)

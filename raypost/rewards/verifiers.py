@@ -1,0 +1,49 @@
+"""Rule-based rewards with TRL's reward-function signature.
+
+``fn(prompts, completions, **kwargs) -> list[float]``; dataset columns arrive as keyword
+lists (here ``answer``), so these plug into TRL's GRPOTrainer unchanged and TRL's own
+reward functions plug into raypost.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from raypost.data.answers import final_answer, normalize_number
+
+_FORMAT = re.compile(r"####\s*-?\d[\d,]*(?:\.\d+)?\s*$")
+
+
+def _text(completion: Any) -> str:
+    """TRL passes strings, or chat lists [{'role': 'assistant', 'content': ...}]."""
+    if isinstance(completion, list):
+        return "".join(m.get("content", "") for m in completion if isinstance(m, dict))
+    return str(completion)
+
+
+def answers_match(completion: str, gold: str) -> bool:
+    """The completion's '#### n' equals the gold answer: exact after normalization, else
+    math-verify's symbolic equivalence (e.g. '0.5' vs '1/2')."""
+    pred = final_answer(completion)
+    gold_n = normalize_number(str(gold)) or str(gold)
+    if pred is None:
+        return False
+    if pred == gold_n:
+        return True
+    try:
+        from math_verify import parse, verify
+
+        return bool(verify(parse(gold_n), parse(pred)))
+    except Exception:  # math-verify could not parse either side: not a match
+        return False
+
+
+def accuracy_reward(prompts: list[Any], completions: list[Any], answer: list[str], **kwargs: Any) -> list[float]:
+    """1.0 when the final '#### n' answer matches ``answer`` (GSM8K and the synthetic task)."""
+    return [1.0 if answers_match(_text(c), a) else 0.0 for c, a in zip(completions, answer)]
+
+
+def format_reward(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
+    """1.0 when the completion ends with a '#### <number>' line."""
+    return [1.0 if _FORMAT.search(_text(c).strip()) else 0.0 for c in completions]

@@ -1,0 +1,1 @@
+"""Learners on Ray Train + DeepSpeed."""

@@ -1,0 +1,65 @@
+"""Batch shaping for learners: global batches sliced per rank, padding, block-diagonal masks."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from raypost.data.tokenize import IGNORE_INDEX
+
+
+def block_causal_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+    """Boolean attention mask [B, 1, T, T]: token i sees token j iff j <= i and both lie in the
+    same example (segment id > 0). Padding (segment 0) sees only itself, which keeps SDPA
+    free of all-masked rows; its labels are ignored anyway.
+
+    segment_ids: [B, T] int, 0 = padding, 1..k = packed examples.
+    """
+    b, t = segment_ids.shape
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    causal = torch.tril(torch.ones(t, t, dtype=torch.bool))
+    real = (segment_ids > 0)[:, :, None]
+    eye = torch.eye(t, dtype=torch.bool).expand(b, t, t)
+    return ((same & causal & real) | eye)[:, None]
+
+
+def collate(rows: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pad rows of input_ids/labels/position_ids/segment_ids into model inputs."""
+    t = max(len(r["input_ids"]) for r in rows)
+    b = len(rows)
+    ids = torch.full((b, t), pad_id, dtype=torch.long)
+    labels = torch.full((b, t), IGNORE_INDEX, dtype=torch.long)
+    pos = torch.zeros((b, t), dtype=torch.long)
+    seg = torch.zeros((b, t), dtype=torch.long)
+    for i, r in enumerate(rows):
+        n = len(r["input_ids"])
+        ids[i, :n] = torch.from_numpy(np.array(r["input_ids"], dtype=np.int64))
+        labels[i, :n] = torch.from_numpy(np.array(r["labels"], dtype=np.int64))
+        pos[i, :n] = torch.from_numpy(np.array(r["position_ids"], dtype=np.int64))
+        seg[i, :n] = torch.from_numpy(np.array(r["segment_ids"], dtype=np.int64))
+    return {"input_ids": ids, "labels": labels, "position_ids": pos, "attention_mask": block_causal_mask(seg)}
+
+
+def rank_slice(batch: dict[str, np.ndarray], rank: int, world: int) -> list[dict[str, Any]]:
+    """This rank's rows of a global batch (rows rank, rank+world, ...)."""
+    n = len(next(iter(batch.values())))
+    return [{k: v[i] for k, v in batch.items()} for i in range(rank, n, world)]
+
+
+def micro_batches(rows: list[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
+    for i in range(0, len(rows), size):
+        yield rows[i:i + size]
+
+
+def token_loss_sums(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed next-token cross-entropy over supervised positions, and their count.
+
+    logits: [B, T, V]; labels: [B, T] with IGNORE_INDEX where unsupervised.
+    """
+    shift_logits = logits[:, :-1].float()
+    shift_labels = labels[:, 1:]
+    loss = torch.nn.functional.cross_entropy(shift_logits.reshape(-1, shift_logits.size(-1)),
+                                             shift_labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+    return loss, (shift_labels != IGNORE_INDEX).sum()

@@ -1,0 +1,62 @@
+"""Checkpoints = DeepSpeed state of every rank + the controller state, reported to Ray Train.
+
+Ray Train keeps them under ``RunConfig(storage_path, name)`` and hands the latest back via
+``ray.train.get_checkpoint()`` after a worker-group restart or a re-run of the same command.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray.train
+
+DS_TAG = "ds"
+STATE_FILE = "controller_state.json"
+HF_DIR = "hf"
+
+
+@dataclass
+class ControllerState:
+    """Where a run is: optimizer steps done, batches consumed, weight version, RNG seed base."""
+
+    step: int = 0
+    cursor: int = 0
+    weight_version: int = 0
+    epoch: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ControllerState":
+        return cls(**d)
+
+
+def save_and_report(engine: Any, state: ControllerState, metrics: dict[str, Any], rank: int,
+                    hf_export: Any = None) -> None:
+    """Every rank saves its DeepSpeed shard; rank 0 adds the controller state (and an HF
+    export when ``hf_export`` is a callable taking a folder). Ray merges the folders."""
+    with tempfile.TemporaryDirectory(prefix="raypost-ckpt-") as tmp:
+        engine.save_checkpoint(tmp, tag=DS_TAG, client_state={"controller": state.to_dict()})
+        if hf_export is not None:
+            hf_export(Path(tmp) / HF_DIR)
+        if rank == 0:
+            (Path(tmp) / STATE_FILE).write_text(json.dumps(state.to_dict()))
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+
+
+def restore(engine: Any) -> ControllerState:
+    """Load the latest checkpoint into ``engine``; a fresh state when there is none."""
+    ckpt = ray.train.get_checkpoint()
+    if ckpt is None:
+        return ControllerState()
+    with ckpt.as_directory() as d:
+        _, client = engine.load_checkpoint(d, tag=DS_TAG, load_optimizer_states=True, load_lr_scheduler_states=True)
+        if client and "controller" in client:
+            return ControllerState.from_dict(client["controller"])
+        return ControllerState.from_dict(json.loads((Path(d) / STATE_FILE).read_text()))

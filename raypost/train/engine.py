@@ -1,0 +1,83 @@
+"""Model + DeepSpeed engine setup shared by every learner (SFT, GRPO, distillation, RM)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from raypost.config import DeepSpeedConfig, ModelConfig, OptimConfig, ResourcesConfig
+
+
+def deepspeed_config(ds: DeepSpeedConfig, optim: OptimConfig, world_size: int) -> dict[str, Any]:
+    """The DeepSpeed JSON config for this learner."""
+    zero: dict[str, Any] = {"stage": ds.zero_stage}
+    if ds.offload_optimizer and ds.zero_stage > 0:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    return {
+        "train_micro_batch_size_per_gpu": optim.micro_batch_size,
+        "gradient_accumulation_steps": optim.grad_accum,
+        "train_batch_size": optim.micro_batch_size * optim.grad_accum * world_size,
+        "gradient_clipping": optim.grad_clip,
+        "zero_optimization": zero,
+        "bf16": {"enabled": ds.precision == "bf16"},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def set_threads(res: ResourcesConfig, local_world_size: int) -> int:
+    """torch intra-op threads: the configured number, else this node's cores split by workers."""
+    n = res.torch_threads or max(1, (os.cpu_count() or 1) // max(1, local_world_size))
+    torch.set_num_threads(n)
+    return n
+
+
+def prepare_model(path: str, cfg: ModelConfig, precision: str) -> torch.nn.Module:
+    """Load the causal LM; apply gradient checkpointing and LoRA as configured."""
+    from raypost.models.hf import load_causal_lm
+
+    model = load_causal_lm(path, precision)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    if cfg.lora.enabled:
+        from peft import LoraConfig, get_peft_model
+
+        lora = cfg.lora
+        model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                                 target_modules=lora.target_modules, task_type="CAUSAL_LM"))
+    return model
+
+
+def build_engine(model: torch.nn.Module, optim: OptimConfig, ds: DeepSpeedConfig, total_steps: int,
+                 world_size: int) -> Any:
+    """deepspeed.initialize with torch AdamW and a transformers LR schedule (stepped by DeepSpeed)."""
+    import deepspeed
+    from transformers import get_scheduler
+
+    deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
+    name = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}[optim.scheduler]
+    scheduler = get_scheduler(name, optimizer, num_warmup_steps=int(optim.warmup_ratio * total_steps),
+                              num_training_steps=max(1, total_steps))
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                           config=deepspeed_config(ds, optim, world_size))
+    return engine
+
+
+def full_state_dict(engine: Any, zero_stage: int) -> dict[str, torch.Tensor] | None:
+    """The whole model's weights on rank 0 (ZeRO-3 gathers them; every rank must call)."""
+    import torch.distributed as dist
+
+    if zero_stage == 3:
+        return engine._zero3_consolidated_16bit_state_dict()
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return None
+    module = engine.module
+    if hasattr(module, "merge_and_unload"):
+        return None  # peft: export merges adapters itself
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}

@@ -1,0 +1,145 @@
+"""The SFT learner: one Ray Train worker's loop (DeepSpeed, completion-only CE loss).
+
+Data order is global and deterministic (see ``data.preprocess.sft_rows``): every worker
+reads the same ordered rows and takes its own slice of each global batch, so the
+controller's ``cursor`` (global batches consumed) makes resume exact.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import ray.train
+import torch
+import torch.distributed as dist
+
+from raypost.config import SFTConfig
+from raypost.train import checkpointing
+from raypost.train.batches import collate, micro_batches, rank_slice, token_loss_sums
+from raypost.train.engine import build_engine, full_state_dict, prepare_model, set_threads
+from raypost.utils.logs import setup_logging
+from raypost.utils.metrics import MetricsLogger, Progress
+
+log = logging.getLogger("raypost.sft")
+
+
+def _all_sum(*values: float) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def _forward_loss(engine: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    out = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                 position_ids=batch["position_ids"], use_cache=False)
+    return token_loss_sums(out.logits, batch["labels"])
+
+
+def eval_loss(engine: Any, pad_id: int, rank: int, world: int, mb: int) -> float:
+    """Token-mean CE over the held-out rows (each rank a slice, summed across ranks)."""
+    shard = ray.train.get_dataset_shard("eval")
+    if shard is None:
+        return float("nan")
+    engine.eval()
+    loss_sum, count = 0.0, 0.0
+    with torch.no_grad():
+        for batch in shard.iter_batches(batch_size=mb * world, batch_format="numpy"):
+            rows = rank_slice(batch, rank, world)
+            if not rows:
+                continue
+            s, n = _forward_loss(engine, collate(rows, pad_id))
+            loss_sum, count = loss_sum + s.item(), count + n.item()
+    engine.train()
+    loss_sum, count = _all_sum(loss_sum, count)
+    return loss_sum / max(count, 1.0)
+
+
+def train_step(engine: Any, rows: list[dict[str, Any]], pad_id: int, micro: int) -> tuple[float, int]:
+    """One optimizer step over this rank's rows; returns (token-mean loss, real tokens seen)."""
+    loss_sum, supervised, tokens = 0.0, 0, 0
+    for mb in micro_batches(rows, micro):
+        s, n = _forward_loss(engine, collate(mb, pad_id))
+        engine.backward(s / n.clamp(min=1))
+        engine.step()
+        loss_sum, supervised = loss_sum + s.item(), supervised + int(n)
+        tokens += sum(len(r["input_ids"]) for r in mb)
+    return loss_sum / max(1, supervised), tokens
+
+
+def log_samples(run_dir: str, step: int, sample_ids: Any) -> None:
+    """Append which examples this step trained on (proves exact resume: no skip, no repeat)."""
+    ids = [i for packed in sample_ids for i in str(packed).split(",")]
+    with open(f"{run_dir}/trained_samples.jsonl", "a") as fh:
+        fh.write(json.dumps({"step": step, "ids": ids}) + "\n")
+
+
+def _hf_exporter(engine: Any, cfg: SFTConfig, tokenizer: Any, rank: int):
+    sd = full_state_dict(engine, cfg.deepspeed.zero_stage)
+    if rank != 0:
+        return None
+    from raypost.models.hf import export_hf
+
+    return lambda folder: export_hf(engine.module, tokenizer, folder, state_dict=sd)
+
+
+def sft_loop(config: dict[str, Any]) -> None:
+    """Ray Train entry: ``config`` = {cfg: SFTConfig dict, model_path, run_dir, total_steps}."""
+    setup_logging()
+    cfg = SFTConfig.model_validate(config["cfg"])
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    set_threads(cfg.resources, ctx.get_local_world_size())
+    torch.manual_seed(cfg.run.seed)
+    from raypost.models.hf import load_tokenizer
+
+    tokenizer = load_tokenizer(config["model_path"])
+    total = int(config["total_steps"])
+    engine = build_engine(prepare_model(config["model_path"], cfg.model, cfg.deepspeed.precision),
+                          cfg.optim, cfg.deepspeed, total, world)
+    state = checkpointing.restore(engine)
+    if rank == 0 and state.step:
+        log.info("resumed at step %d (cursor %d)", state.step, state.cursor)
+    logger = MetricsLogger(config["run_dir"], rank == 0, cfg.run.wandb_mode, run_name=cfg.run.name,
+                           config=config["cfg"])
+    progress = Progress(total, state.step, "sft")
+    global_batch = cfg.optim.micro_batch_size * cfg.optim.grad_accum * world
+    shard = ray.train.get_dataset_shard("train")
+    window_tokens, window_t0, metrics = 0.0, time.time(), {}
+    for index, batch in enumerate(shard.iter_batches(batch_size=global_batch, batch_format="numpy", drop_last=True)):
+        if index < state.cursor:
+            continue  # consumed before the last checkpoint
+        if state.step >= total:
+            break
+        loss, tokens = train_step(engine, rank_slice(batch, rank, world), tokenizer.pad_token_id,
+                                  cfg.optim.micro_batch_size)
+        state.step, state.cursor = state.step + 1, index + 1
+        if rank == 0:
+            log_samples(config["run_dir"], state.step, batch["sample_ids"])
+        window_tokens += tokens
+        last = state.step >= total
+        if state.step % cfg.run.log_every == 0 or last:
+            loss_g, tok_g = _all_sum(loss, window_tokens)
+            dt = time.time() - window_t0
+            metrics = {"phase": "sft", "loss": loss_g / world, "tokens_per_s": tok_g / max(dt, 1e-9),
+                       "lr": engine.get_lr()[0]}
+            if cfg.train.eval_every and state.step % cfg.train.eval_every == 0:
+                metrics["eval_loss"] = eval_loss(engine, tokenizer.pad_token_id, rank, world,
+                                                 cfg.optim.micro_batch_size)
+            logger.log(metrics, state.step)
+            if rank == 0:
+                log.info(progress.line(state.step, {k: v for k, v in metrics.items() if k != "phase"}))
+            window_tokens, window_t0 = 0.0, time.time()
+        if last or state.step % cfg.run.checkpoint_every == 0:
+            if last:
+                metrics["eval_loss"] = eval_loss(engine, tokenizer.pad_token_id, rank, world,
+                                                 cfg.optim.micro_batch_size)
+                logger.log({"phase": "sft", "eval_loss": metrics["eval_loss"]}, state.step)
+            exporter = _hf_exporter(engine, cfg, tokenizer, rank) if last else None
+            checkpointing.save_and_report(engine, state, {"step": state.step, **metrics}, rank, exporter)
+        if last:
+            break
+    logger.finish()

@@ -1,0 +1,49 @@
+"""Run a learner loop on Ray Train (TorchTrainer) with placement and storage from config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import ray.data
+import ray.train
+from ray.train.torch import TorchConfig, TorchTrainer
+
+from raypost.config import ResourcesConfig, RunConfig
+
+
+def run_dir(run: RunConfig) -> Path:
+    """The run's folder: Ray Train's checkpoints, metrics.jsonl, rejects, report."""
+    return Path(run.storage_path).expanduser().resolve() / run.name
+
+
+def worker_resources(res: ResourcesConfig) -> dict[str, float]:
+    out = {"CPU": res.cpus_per_worker}
+    if res.gpus_per_worker:
+        out["GPU"] = res.gpus_per_worker
+    return out
+
+
+def fit(loop: Callable[[dict[str, Any]], None], loop_config: dict[str, Any], res: ResourcesConfig,
+        run: RunConfig, datasets: dict[str, ray.data.Dataset], name: str | None = None) -> ray.train.Result:
+    """TorchTrainer.fit(); re-running with the same run name and storage resumes.
+
+    Datasets are not split: every worker reads the same deterministic order and takes its
+    own rows of each global batch, so a checkpoint's cursor resumes exactly.
+    """
+    opts = ray.train.DataConfig.default_ingest_options()
+    opts.preserve_order = True
+    trainer = TorchTrainer(
+        loop,
+        train_loop_config=loop_config,
+        scaling_config=ray.train.ScalingConfig(num_workers=res.num_workers, use_gpu=res.gpus_per_worker > 0,
+                                               resources_per_worker=worker_resources(res)),
+        run_config=ray.train.RunConfig(
+            name=name or run.name, storage_path=str(Path(run.storage_path).expanduser().resolve()),
+            failure_config=ray.train.FailureConfig(max_failures=run.max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=run.keep_checkpoints)),
+        datasets=datasets,
+        dataset_config=ray.train.DataConfig(datasets_to_split=[], execution_options=opts),
+        torch_config=TorchConfig(backend="nccl" if res.gpus_per_worker > 0 else "gloo"),
+    )
+    return trainer.fit()

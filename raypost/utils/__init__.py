@@ -1,0 +1,1 @@
+"""Logging, metrics, reports and cluster checks."""

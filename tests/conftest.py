@@ -1,0 +1,62 @@
+"""Shared fixtures: one real Ray cluster per session (own temp dir, loopback, stopped with
+ray.shutdown()), a tiny model built once, and helpers to run pipelines as subprocesses."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+GSM8K = SHARED / "data" / "gsm8k"
+sys.path.insert(0, str(ROOT))
+
+# Small shapes so learner tests take seconds per step on 2 cores.
+TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 128,
+        "vocab_size": 512}
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray cluster for this test session; returns its GCS address."""
+    import ray
+
+    from raypost.utils.cluster import configure_ray_data
+
+    temp = tempfile.mkdtemp(prefix="rpt", dir="/tmp")
+    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=temp, _node_ip_address="127.0.0.1",
+             log_to_driver=False)
+    configure_ray_data()
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A tiny Qwen2 model + tokenizer trained on the synthetic task text."""
+    from raypost.config import TinyModelConfig
+    from raypost.data import synthetic
+    from raypost.models.tiny import build_tiny_model
+
+    rows = synthetic.generate(500, seed=7)
+    texts = [r["question"] for r in rows] + [r["answer"] for r in rows]
+    return build_tiny_model(TinyModelConfig(**TINY), texts, tmp_path_factory.mktemp("tiny") / "model")
+
+
+def run_pipeline(script: str, args: list[str], address: str, timeout: float = 600,
+                 check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``pipelines/<script>`` as its own driver connected to the test cluster."""
+    env = {**os.environ, "RAY_ADDRESS": address, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token"),
+           "WANDB_MODE": "disabled"}
+    proc = subprocess.run([sys.executable, str(ROOT / "pipelines" / script), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{script} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return proc

@@ -1,0 +1,189 @@
+"""Data: synthetic task, answer parsing, row validation and rejects, the chat template and
+completion-only mask boundaries (derived by hand), packing, and the Ray Data pipeline."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from raypost.config import DataConfig
+from raypost.data import IGNORE_INDEX, completion_ids, final_answer, prompt_ids, sft_example, synthetic
+from raypost.data.packing import pack_frame
+from raypost.data.rows import normalize_row, parse_json_line
+from raypost.train.batches import block_causal_mask, collate, token_loss_sums
+from tests.conftest import GSM8K
+
+
+def test_synthetic_is_seeded_and_correct():
+    a, b = synthetic.generate(50, seed=3), synthetic.generate(50, seed=3)
+    assert a == b and a != synthetic.generate(50, seed=4)
+    for row in a:  # every worked line is true arithmetic and ends in the final answer
+        lines = row["answer"].splitlines()
+        for line in lines[:-1]:
+            lhs, rhs = line.split(" = ")
+            x, op, y = lhs.split()
+            assert {"+": int(x) + int(y), "-": int(x) - int(y), "*": int(x) * int(y)}[op] == int(rhs)
+        assert final_answer(row["answer"]) == lines[-2].split(" = ")[1]
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("a\n#### 72", "72"), ("#### 1,234", "1234"), ("x #### 3.50", "3.5"), ("#### -4", "-4"),
+    ("no answer here", None), ("#### 5\nmore\n#### 6", "6"),
+])
+def test_final_answer(text, expected):
+    assert final_answer(text) == expected
+
+
+def test_gsm8k_rows_parse():
+    lines = (GSM8K / "train.jsonl").read_text().splitlines()[:50]
+    rows = [parse_json_line(line, "question", "answer") for line in lines]
+    assert all(r["reject"] == "" for r in rows)
+    first = json.loads(lines[0])
+    assert rows[0]["answer"] == first["answer"].split("####")[-1].strip().replace(",", "")
+    assert "<<" not in rows[0]["solution"] and rows[0]["solution"].endswith(f"#### {rows[0]['answer']}")
+
+
+@pytest.mark.parametrize("line,reason", [
+    ('{"question": "q", "answer": "#### 1"', "bad JSON"),
+    ('{"answer": "#### 1"}', "missing field 'question'"),
+    ('{"question": "  ", "answer": "#### 1"}', "field 'question' is empty"),
+    ('{"question": 5, "answer": "#### 1"}', "field 'question' is int"),
+    ('{"question": "q", "answer": "no number"}', "field 'answer' has no numeric final answer"),
+    ('[1, 2]', "row is list"),
+])
+def test_malformed_rows_are_rejected_with_reason(line, reason):
+    row = parse_json_line(line, "question", "answer")
+    assert reason in row["reject"] and row["raw"]
+
+
+def test_numeric_answer_field_accepted():
+    row = normalize_row({"question": "2+2?", "answer": 4}, "question", "answer")
+    assert row["reject"] == "" and row["answer"] == "4" and row["solution"] == "#### 4"
+
+
+def test_chat_template_and_mask_boundaries(tiny_model):
+    from raypost.models.hf import load_tokenizer
+
+    tok = load_tokenizer(tiny_model)
+    q, sol = "Ava has 3 pens.", "3 + 4 = 7\n#### 7"
+    p = prompt_ids(tok, q, None)
+    # By hand: the ChatML prompt ends with the assistant header and nothing else.
+    assert tok.decode(p) == "<|im_start|>user\nAva has 3 pens.<|im_end|>\n<|im_start|>assistant\n"
+    c = completion_ids(tok, sol)
+    assert c[-1] == tok.eos_token_id and tok.decode(c) == sol + "<|im_end|>"
+    # Digits are single tokens.
+    assert [tok.decode([i]) for i in tok("1234", add_special_tokens=False)["input_ids"]] == ["1", "2", "3", "4"]
+    ex = sft_example(p, c)
+    assert ex["input_ids"] == p + c
+    assert ex["labels"][: len(p)] == [IGNORE_INDEX] * len(p)  # the whole prompt is masked
+    assert ex["labels"][len(p):] == c  # the first supervised token is the answer's first, the last is EOS
+    sys_p = prompt_ids(tok, q, "Be brief.")
+    assert tok.decode(sys_p).startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n")
+
+
+def test_block_causal_mask_by_hand():
+    seg = torch.tensor([[1, 1, 2, 2, 0]])
+    m = block_causal_mask(seg)[0, 0].int().tolist()
+    assert m == [[1, 0, 0, 0, 0],
+                 [1, 1, 0, 0, 0],
+                 [0, 0, 1, 0, 0],
+                 [0, 0, 1, 1, 0],
+                 [0, 0, 0, 0, 1]]
+
+
+def test_packing_keeps_examples_apart(tiny_model):
+    """Packed loss == unpacked loss == one-example-at-a-time loss."""
+    from raypost.models.hf import load_causal_lm, load_tokenizer
+
+    tok, model = load_tokenizer(tiny_model), load_causal_lm(tiny_model)
+    rows = synthetic.generate(6, seed=1)
+    df = pd.DataFrame({"id": [r["id"] for r in rows],
+                       "prompt_ids": [prompt_ids(tok, r["question"], None) for r in rows],
+                       "completion_ids": [completion_ids(tok, r["answer"]) for r in rows]})
+    packed, unpacked = pack_frame(df, 1024, True), pack_frame(df, 1024, False)
+    assert len(packed) == 1 and len(unpacked) == 6
+    assert packed["sample_ids"][0].split(",") == [r["id"] for r in rows]
+
+    def loss(frame):
+        b = collate(frame.to_dict("records"), tok.pad_token_id)
+        with torch.no_grad():
+            out = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"])
+        return token_loss_sums(out.logits, b["labels"])
+
+    (sp, n_p), (su, n_u) = loss(packed), loss(unpacked)
+    separate = 0.0
+    for r in unpacked.to_dict("records"):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([r["input_ids"]])).logits
+        separate += token_loss_sums(logits, torch.tensor([r["labels"]]))[0].item()
+    assert n_p == n_u
+    assert sp.item() == pytest.approx(su.item(), rel=1e-5)
+    assert sp.item() == pytest.approx(separate, rel=1e-5)
+
+
+def test_pack_respects_max_len():
+    df = pd.DataFrame({"id": list("abc"), "prompt_ids": [[1] * 5] * 3, "completion_ids": [[2] * 5] * 3})
+    out = pack_frame(df, 20, True)
+    assert list(out["num_tokens"]) == [20, 10]
+    assert out["segment_ids"][0] == [1] * 10 + [2] * 10 and out["position_ids"][0] == list(range(10)) * 2
+
+
+def test_pipeline_counts_and_writes_rejects(ray_cluster, tiny_model, tmp_path):
+    from raypost.data import preprocess
+
+    good = [{"question": f"q{i} has 3 pens", "answer": f"3 + {i} = {3 + i}\n#### {3 + i}"} for i in range(20)]
+    lines = [json.dumps(r) for r in good] + [
+        "{not json", json.dumps({"question": "x"}), json.dumps({"question": "", "answer": "#### 1"}),
+        json.dumps({"question": "long " * 400, "answer": "#### 1"}),
+    ]
+    f = tmp_path / "d.jsonl"
+    f.write_text("\n".join(lines) + "\n")
+    cfg = DataConfig(path=str(f), max_seq_len=128)
+    assert cfg.source == "jsonl"
+    rows, _ = preprocess.read_splits(cfg.model_copy(update={"eval_path": str(f)}))
+    tokenized = preprocess.tokenize(rows, str(tiny_model), cfg)
+    rejects = tmp_path / "rejects.jsonl"
+    kept, counts = preprocess.split_rejects(tokenized, "train", rejects)
+    assert (counts.read, counts.kept, counts.rejected) == (24, 20, 4)
+    reasons = [json.loads(x)["reason"] for x in rejects.read_text().splitlines()]
+    assert len(reasons) == 4
+    assert any(r.startswith("bad JSON") for r in reasons)
+    assert any("missing field 'answer'" in r for r in reasons)
+    assert any("field 'question' is empty" in r for r in reasons)
+    assert any(r.startswith("too long") and "data.max_seq_len=128" in r for r in reasons)
+    assert sorted(r["answer"] for r in kept.take_all()) == sorted(str(3 + i) for i in range(20))
+
+
+def test_all_rows_bad_is_a_clear_error(ray_cluster, tiny_model, tmp_path):
+    from raypost.data import DataError, preprocess
+
+    f = tmp_path / "bad.jsonl"
+    f.write_text("{oops\n" + json.dumps({"q": 1}) + "\n")
+    cfg = DataConfig(path=str(f), eval_path=str(f))
+    rows, _ = preprocess.read_splits(cfg)
+    with pytest.raises(DataError, match=r"every one of the 2 train rows was rejected"):
+        preprocess.split_rejects(preprocess.tokenize(rows, str(tiny_model), cfg), "train", tmp_path / "r.jsonl")
+
+
+def test_hash_split_is_disjoint(ray_cluster, tmp_path):
+    from raypost.data import preprocess
+
+    f = tmp_path / "d.jsonl"
+    f.write_text("\n".join(json.dumps({"question": f"q{i}", "answer": f"#### {i}"}) for i in range(400)) + "\n")
+    train, evals = preprocess.read_splits(DataConfig(path=str(f), eval_fraction=0.2))
+    a, b = {r["id"] for r in train.take_all()}, {r["id"] for r in evals.take_all()}
+    assert not a & b and len(a) + len(b) == 400 and 40 < len(b) < 120
+
+
+def test_parquet_source(ray_cluster, tmp_path):
+    from raypost.data import preprocess
+
+    pd.DataFrame({"question": ["a", "b", ""], "answer": ["#### 1", "#### 2", "#### 3"]}).to_parquet(tmp_path / "d.parquet")
+    cfg = DataConfig(path=str(tmp_path / "d.parquet"), eval_path=str(tmp_path / "d.parquet"))
+    assert cfg.source == "parquet"
+    rows, _ = preprocess.read_splits(cfg)
+    got = sorted((r["question"], r["reject"] != "") for r in rows.take_all())
+    assert got == [("", True), ("a", False), ("b", False)]

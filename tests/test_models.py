@@ -1,0 +1,37 @@
+"""Models: the tiny builder is seeded and idempotent; HF export loads back with equal logits."""
+
+from __future__ import annotations
+
+import torch
+
+from raypost.config import TinyModelConfig
+from raypost.models.hf import export_hf, load_causal_lm, load_tokenizer
+from raypost.models.tiny import build_tiny_model
+from tests.conftest import TINY
+
+
+def test_tiny_build_is_seeded(tmp_path, tiny_model):
+    texts = ["Ava has 3 pens.", "3 + 4 = 7\n#### 7"] * 50
+    a = build_tiny_model(TinyModelConfig(**TINY), texts, tmp_path / "a")
+    b = build_tiny_model(TinyModelConfig(**TINY), texts, tmp_path / "b")
+    ma, mb = load_causal_lm(a), load_causal_lm(b)
+    for (ka, va), (kb, vb) in zip(ma.state_dict().items(), mb.state_dict().items()):
+        assert ka == kb and torch.equal(va, vb)
+    cfg = ma.config
+    assert cfg.model_type == "qwen2" and cfg.tie_word_embeddings and cfg.hidden_size == TINY["hidden_size"]
+    # Idempotent: a second build in the same folder reuses it.
+    assert build_tiny_model(TinyModelConfig(**TINY, seed=1), texts, a) == a
+    assert torch.equal(load_causal_lm(a).model.embed_tokens.weight, ma.model.embed_tokens.weight)
+
+
+def test_export_loads_back_with_equal_logits(tmp_path, tiny_model):
+    model, tok = load_causal_lm(tiny_model), load_tokenizer(tiny_model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn_like(p))  # differ from the saved base
+    out = export_hf(model, tok, tmp_path / "export")
+    back = load_causal_lm(out)
+    ids = torch.tensor([tok("Ben has 12 coins. 12 + 3 = 15")["input_ids"]])
+    with torch.no_grad():
+        assert torch.allclose(model(input_ids=ids).logits, back(input_ids=ids).logits, atol=1e-6)
+    assert load_tokenizer(out).chat_template == tok.chat_template
