@@ -22,8 +22,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The main job on the embedded offline default (no model or data downloads).
+# Until the GRPO pipeline lands, the main job is SFT.
+MAIN ?= pipelines/sft.py
 run: setup
-	$(PY) pipelines/grpo.py $(ARGS)
+	$(PY) $(MAIN) $(ARGS)
 
 # The whole test suite.
 test: setup
@@ -31,6 +33,9 @@ test: setup
 
 bench: setup
 	$(PY) benchmarks/sft_throughput.py
+	$(PY) benchmarks/rollout_throughput.py --shape tiny
+	$(PY) benchmarks/rollout_throughput.py --shape 100m --prompts 8 --n 8 --max-tokens 128
+	$(PY) benchmarks/reward_load.py --clients 1 8 16 32 --seconds 30 --replicas 1 2 --autoscale
 
 clean-venv:
 	rm -rf $(VENV)

@@ -53,8 +53,7 @@ def tiny_model(tmp_path_factory) -> Path:
 def run_pipeline(script: str, args: list[str], address: str, timeout: float = 600,
                  check: bool = True) -> subprocess.CompletedProcess:
     """Run ``pipelines/<script>`` as its own driver connected to the test cluster."""
-    env = {**os.environ, "RAY_ADDRESS": address, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token"),
-           "WANDB_MODE": "disabled"}
+    env = {**os.environ, "RAY_ADDRESS": address, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
     proc = subprocess.run([sys.executable, str(ROOT / "pipelines" / script), *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:

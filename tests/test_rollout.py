@@ -111,13 +111,16 @@ def test_sampling_n_and_seed(rollout):
 
 def test_openai_completions_http(rollout):
     r = requests.post(f"{rollout['url']}/v1/completions", timeout=60,
-                      json={"prompt": "Ava has 3 pens.", "max_tokens": 5, "temperature": 0, "n": 2, "user": "x"})
+                      json={"prompt": "Ava has 3 pens.", "max_tokens": 5, "temperature": 0.7, "n": 2, "user": "x"})
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["object"] == "text_completion" and len(body["choices"]) == 2 and body["weight_version"] >= 0
     assert body["usage"]["completion_tokens"] <= 10
     bad = requests.post(f"{rollout['url']}/v1/completions", json={"prompt": "x", "max_tokens": 0}, timeout=30)
     assert bad.status_code == 422 and "max_tokens" in bad.text
+    greedy_n = requests.post(f"{rollout['url']}/v1/completions", timeout=30,
+                             json={"prompt": "x", "max_tokens": 3, "temperature": 0, "n": 2})
+    assert greedy_n.status_code == 422 and "n must be 1 when using greedy sampling" in greedy_n.text
     long = requests.post(f"{rollout['url']}/v1/completions", json={"prompt": [5] * 250, "max_tokens": 10}, timeout=30)
     assert long.status_code == 422 and "max_model_len 256" in long.text
 

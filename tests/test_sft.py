@@ -43,6 +43,7 @@ def test_sft_zero_two_workers(ray_cluster, tmp_path, zero):
     report = json.loads((run / "report.json").read_text())
     assert report["steps"] == 8 and report["heldout_n"] == 16 and 0.0 <= report["heldout_accuracy"] <= 1.0
     assert report["data"]["train"]["kept"] == 400 and (run / "loss.png").stat().st_size > 1000
+    assert list((run / "wandb").glob("offline-run-*")), "wandb should log offline into the run folder"
     losses = [r["loss"] for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
     assert len(losses) == 8 and losses[-1] < losses[0]
     # The exported HF model holds exactly the weights DeepSpeed checkpointed (ZeRO-3: gathered).

@@ -19,7 +19,7 @@ from raypost.config.sections import (
 class SFTTrainConfig(StrictModel):
     """How long SFT trains."""
 
-    epochs: int = Field(3, ge=1, le=10_000, description="Passes over the training data.")
+    epochs: int = Field(2, ge=1, le=10_000, description="Passes over the training data.")
     max_steps: int | None = Field(None, ge=1, le=10_000_000, description="Stop after this many optimizer steps.")
     eval_every: int | None = Field(None, ge=1, description="Steps between eval-loss passes (None: end only).")
 
@@ -29,7 +29,9 @@ class SFTConfig(StrictModel):
 
     model: ModelConfig = Field(default_factory=ModelConfig, description="Model to train.")
     data: DataConfig = Field(default_factory=DataConfig, description="Training data.")
-    optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer and batch.")
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=2e-3, micro_batch_size=4),
+                               description="Optimizer and batch (defaults tuned on the tiny model: small batches, "
+                                           "many updates).")
     deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig, description="DeepSpeed/ZeRO.")
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="Learner placement.")
     run: RunConfig = Field(default_factory=lambda: RunConfig(name="sft"), description="Run folder, logging, checkpoints.")

@@ -54,9 +54,9 @@ class ModelConfig(StrictModel):
 class SyntheticTaskConfig(StrictModel):
     """The embedded arithmetic word-problem task (GSM8K-style, integer answers)."""
 
-    num_train: int = Field(4000, ge=1, le=10_000_000, description="Training problems generated.")
+    num_train: int = Field(6000, ge=1, le=10_000_000, description="Training problems generated.")
     num_eval: int = Field(200, ge=1, le=1_000_000, description="Held-out problems generated (disjoint seed).")
-    max_operand: int = Field(20, ge=2, le=10_000, description="Operands are drawn from 1..max_operand.")
+    max_operand: int = Field(10, ge=2, le=10_000, description="Operands are drawn from 1..max_operand.")
     two_step_fraction: float = Field(0.3, ge=0.0, le=1.0, description="Share of problems with two operations.")
     seed: int = Field(1234, ge=0, description="Generator seed; eval uses seed+1.")
 

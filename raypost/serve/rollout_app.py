@@ -96,9 +96,11 @@ class RolloutServer:
     async def _sample(self, prompt_ids: list[int], n: int, s: Sampling) -> list[dict[str, Any]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
+        # FINAL_ONLY: one output holding all n samples (the last streamed one may not).
         params = SamplingParams(n=n, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, stop=s.stop,
-                                seed=s.seed, logprobs=0)
+                                seed=s.seed, logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY)
         final = None
         async for out in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params,
                                               request_id=uuid.uuid4().hex):
@@ -126,13 +128,18 @@ class RolloutServer:
 
     @api.post("/v1/completions")
     async def completions(self, req: CompletionRequest) -> dict[str, Any]:
-        tok = await self.engine.get_tokenizer()
+        tok = self.engine.get_tokenizer()
         ids = req.prompt if isinstance(req.prompt, list) else tok(req.prompt, add_special_tokens=False)["input_ids"]
         if len(ids) + req.max_tokens > self.cfg.max_model_len:
             raise HTTPException(422, f"prompt ({len(ids)} tokens) + max_tokens ({req.max_tokens}) exceeds "
                                      f"max_model_len {self.cfg.max_model_len}")
+        from vllm.exceptions import VLLMClientError
+
         sampling = req.model_dump(include=set(Sampling.model_fields))
-        [group] = await self.generate([ids], req.n, sampling)
+        try:
+            [group] = await self.generate([ids], req.n, sampling)
+        except (ValueError, VLLMClientError) as err:  # vLLM's request validation (e.g. n > 1 with temperature 0)
+            raise HTTPException(422, f"invalid sampling parameters: {err}") from None
         choices = [{"index": i, "text": c["text"], "finish_reason": c["finish_reason"], "logprobs": None}
                    for i, c in enumerate(group["completions"])]
         used = sum(len(c["token_ids"]) for c in group["completions"])

@@ -1,0 +1,54 @@
+"""Shared helpers for benchmarks: models, prompts, child-process variants, tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = Path(__file__).parent / "out"
+sys.path.insert(0, str(ROOT))
+
+# W1: the tiny offline model; W2: ~100M Qwen2 shape (hidden 768, 12 layers), random init.
+SHAPES = {
+    "tiny": {},
+    "100m": {"hidden_size": 768, "num_layers": 12, "num_heads": 12, "num_kv_heads": 4, "intermediate_size": 2048,
+             "vocab_size": 1024},
+}
+
+
+def model_for(shape: str) -> Path:
+    from raypost.config import TinyModelConfig
+    from raypost.data import synthetic
+    from raypost.models.tiny import build_tiny_model
+
+    rows = synthetic.generate(2000, 1234)
+    texts = [r["question"] for r in rows] + [r["answer"] for r in rows]
+    return build_tiny_model(TinyModelConfig(**SHAPES[shape]), texts, OUT / f"model_{shape}")
+
+
+def prompts_for(model_path: Path, k: int) -> list[list[int]]:
+    from raypost.data import prompt_ids, synthetic
+    from raypost.models.hf import load_tokenizer
+
+    tok = load_tokenizer(model_path)
+    return [prompt_ids(tok, r["question"], None) for r in synthetic.generate(k, seed=99)]
+
+
+def run_child(script: Path, args: list[str], env: dict[str, str] | None = None, timeout: float = 1800) -> dict[str, Any]:
+    """Run ``script --child ...`` and parse the JSON it prints on its last stdout line."""
+    proc = subprocess.run([sys.executable, str(script), *args], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{script.name} {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def table(title: str, header: list[str], rows: list[list[Any]]) -> str:
+    widths = [max(len(str(h)), *(len(f"{r[i]}") for r in rows)) for i, h in enumerate(header)]
+    line = lambda cells: "  ".join(f"{c!s:>{w}}" if i else f"{c!s:<{w}}" for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+    return "\n".join([title, line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)])

@@ -1,0 +1,118 @@
+"""Load on the reward endpoint over real HTTP (127.0.0.1): N concurrent clients for a fixed
+time, each POSTing /v1/rewards with ``--items`` (prompt, completion, label) items.
+
+    .venv/bin/python benchmarks/reward_load.py [--clients 1 8 16 32] [--seconds 30] [--replicas 1 2]
+                                               [--autoscale] [--items 4]
+
+Reports requests/s, p50/p99 latency and errors per (replicas, clients); prints a table and
+writes benchmarks/out/reward_load.json. Traffic goes to loopback only and stops by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import OUT, table  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def load(url: str, clients: int, seconds: float, items: int) -> dict:
+    body = json.dumps({"prompts": ["Ava has 3 pens. She buys 4 more. How many pens?"] * items,
+                       "completions": ["3 + 4 = 7\n#### 7"] * items, "labels": ["7"] * items}).encode()
+    latencies: list[float] = []
+    errors = [0]
+    lock = threading.Lock()
+    stop = time.time() + seconds
+
+    def client() -> None:
+        s = requests.Session()
+        while time.time() < stop:
+            t0 = time.perf_counter()
+            try:
+                r = s.post(url, data=body, headers={"Content-Type": "application/json"}, timeout=30)
+                ok = r.status_code == 200 and len(r.json()["rewards"]) == items
+            except requests.RequestException:
+                ok = False
+            dt = time.perf_counter() - t0
+            with lock:
+                latencies.append(dt) if ok else None
+                errors[0] += 0 if ok else 1
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    t0 = time.time()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.time() - t0
+    q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [float("nan")] * 99
+    return {"requests": len(latencies) + errors[0], "errors": errors[0], "rps": len(latencies) / wall,
+            "p50_ms": 1000 * q[49], "p99_ms": 1000 * q[98]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 16, 32])
+    ap.add_argument("--seconds", type=float, default=30)
+    ap.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--autoscale", action="store_true", help="also run with Serve autoscaling (1..max replicas)")
+    ap.add_argument("--items", type=int, default=4)
+    ap.add_argument("--max-batch-size", type=int, default=64)
+    ap.add_argument("--batch-wait-timeout-s", type=float, default=0.005)
+    args = ap.parse_args()
+
+    import ray
+    from ray import serve
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from raypost.config import build
+    from raypost.config.serve import RewardServiceConfig
+    from raypost.serve.reward_app import build_app
+
+    ray.init(include_dashboard=False, log_to_driver=False)
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    setups = [(f"{r} replica(s)", {"num_replicas": r}) for r in args.replicas]
+    if args.autoscale:
+        setups.append((f"autoscale 1..{max(args.replicas)}", {"autoscale_max_replicas": max(args.replicas),
+                                                              "target_ongoing_requests": 4}))
+    results, rows = [], []
+    cpus = max(0.25, (os.cpu_count() or 2) / (2 * max(args.replicas)))
+    for label, extra in setups:
+        cfg = build(RewardServiceConfig, {"cpus_per_replica": cpus, "max_batch_size": args.max_batch_size,
+                                          "batch_wait_timeout_s": args.batch_wait_timeout_s, **extra})
+        serve.run(build_app(cfg), name="reward", route_prefix="/")
+        for n in args.clients:
+            res = {"setup": label, "clients": n, **load(f"http://127.0.0.1:{port}/v1/rewards", n, args.seconds,
+                                                        args.items)}
+            results.append(res)
+            rows.append([label, n, res["requests"], res["errors"], f"{res['rps']:.1f}", f"{res['p50_ms']:.1f}",
+                         f"{res['p99_ms']:.1f}"])
+        serve.delete("reward")
+    serve.shutdown()
+    ray.shutdown()
+    print(table(f"\nreward endpoint load, {args.items} items/request, {args.seconds:.0f} s per row, "
+                f"max_batch_size {args.max_batch_size}, batch_wait_timeout_s {args.batch_wait_timeout_s}",
+                ["setup", "clients", "requests", "errors", "req/s", "p50 ms", "p99 ms"], rows))
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "reward_load.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

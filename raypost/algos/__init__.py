@@ -1,0 +1,10 @@
+"""RL algorithms as pure functions, picked by name from registries.
+
+Importing this package registers every built-in estimator and loss.
+"""
+
+from raypost.algos import advantages, kl, losses  # noqa: F401  (registration)
+from raypost.algos.losses import LossParams
+from raypost.algos.registry import ADVANTAGES, KL_ESTIMATORS, POLICY_LOSSES
+
+__all__ = ["ADVANTAGES", "KL_ESTIMATORS", "POLICY_LOSSES", "LossParams"]

@@ -1,0 +1,73 @@
+"""Policy losses. Pure functions: tensors in, ``(loss, metrics)`` out.
+
+Shapes: ``logp, old_logp: [B, T]`` log-probs of the sampled tokens under the current policy
+and the policy that generated them (behaviour); ``adv: [B]`` one advantage per sequence;
+``mask: [B, T]`` 1 on completion tokens. Optional ``kl: [B, T]`` is added with weight
+``beta`` inside the same aggregation. ``B`` = sequences in this micro-batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from raypost.algos.registry import POLICY_LOSSES
+
+
+@dataclass(frozen=True)
+class LossParams:
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    beta: float = 0.0
+    max_tokens: int = 1  # Dr.GRPO's constant normalizer (the generation budget)
+
+
+def _clipped_objective(logp, old_logp, adv, p: LossParams):
+    ratio = torch.exp(logp - old_logp)
+    a = adv[:, None]
+    unclipped = ratio * a
+    clipped = torch.clamp(ratio, 1 - p.eps_low, 1 + p.eps_high) * a
+    per_token = -torch.minimum(unclipped, clipped)
+    clip_hit = (clipped < unclipped).float()  # the clip bound was the active term
+    return per_token, ratio, clip_hit
+
+
+@torch.no_grad()
+def _metrics(per_token, ratio, clip_hit, mask, kl) -> dict[str, float]:
+    ratio = ratio.detach()
+    n = mask.sum().clamp(min=1)
+    out = {"clip_frac": float((clip_hit * mask).sum() / n), "ratio_mean": float((ratio * mask).sum() / n)}
+    if kl is not None:
+        out["kl"] = float((kl * mask).sum() / n)
+    return out
+
+
+def _with_kl(per_token, kl, beta):
+    return per_token if kl is None or beta == 0 else per_token + beta * kl
+
+
+@POLICY_LOSSES.register("grpo")
+def grpo_loss(logp, old_logp, adv, mask, p: LossParams, kl=None):
+    """GRPO: clipped surrogate, mean over each sequence's tokens, then mean over sequences."""
+    per_token, ratio, clip_hit = _clipped_objective(logp, old_logp, adv, p)
+    per_token = _with_kl(per_token, kl, p.beta) * mask
+    per_seq = per_token.sum(1) / mask.sum(1).clamp(min=1)
+    return per_seq.mean(), _metrics(per_token, ratio, clip_hit, mask, kl)
+
+
+@POLICY_LOSSES.register("dapo")
+def dapo_loss(logp, old_logp, adv, mask, p: LossParams, kl=None):
+    """DAPO: token-level mean over all tokens of the batch, clip-higher (eps_high > eps_low)."""
+    per_token, ratio, clip_hit = _clipped_objective(logp, old_logp, adv, p)
+    per_token = _with_kl(per_token, kl, p.beta) * mask
+    return per_token.sum() / mask.sum().clamp(min=1), _metrics(per_token, ratio, clip_hit, mask, kl)
+
+
+@POLICY_LOSSES.register("dr_grpo")
+def dr_grpo_loss(logp, old_logp, adv, mask, p: LossParams, kl=None):
+    """Dr.GRPO: sum over tokens divided by a constant (max_tokens), mean over sequences; no
+    length normalization (pair with the 'grpo' advantage with std_normalize=False)."""
+    per_token, ratio, clip_hit = _clipped_objective(logp, old_logp, adv, p)
+    per_token = _with_kl(per_token, kl, p.beta) * mask
+    return (per_token.sum(1) / p.max_tokens).mean(), _metrics(per_token, ratio, clip_hit, mask, kl)

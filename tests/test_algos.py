@@ -1,0 +1,97 @@
+"""Advantages, KL estimators and policy losses against values derived by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from raypost.algos import ADVANTAGES, KL_ESTIMATORS, POLICY_LOSSES, LossParams
+
+L = math.log
+
+
+def test_grpo_advantage_by_hand():
+    # mean 0.5; unbiased std = sqrt(4 * 0.25 / 3) = 0.57735 -> +-0.5 / 0.57735 = +-0.866025
+    adv = ADVANTAGES.get_fn("grpo")(torch.tensor([[1.0, 0.0, 0.0, 1.0]]))
+    assert torch.allclose(adv, torch.tensor([[0.866025, -0.866025, -0.866025, 0.866025]]), atol=1e-5)
+    # Dr.GRPO: no std division
+    adv = ADVANTAGES.get_fn("grpo")(torch.tensor([[1.0, 0.0, 0.0, 1.0]]), std_normalize=False)
+    assert torch.allclose(adv, torch.tensor([[0.5, -0.5, -0.5, 0.5]]))
+    # all-equal group: zero advantage, no NaN
+    assert torch.equal(ADVANTAGES.get_fn("grpo")(torch.ones(1, 4)), torch.zeros(1, 4))
+
+
+def test_rloo_advantage_by_hand():
+    # r=1: 1 - (0+0+1)/3 = 2/3 ; r=0: 0 - (1+0+1)/3 = -2/3
+    adv = ADVANTAGES.get_fn("rloo")(torch.tensor([[1.0, 0.0, 0.0, 1.0]]))
+    assert torch.allclose(adv, torch.tensor([[2 / 3, -2 / 3, -2 / 3, 2 / 3]]))
+    with pytest.raises(ValueError):
+        ADVANTAGES.get_fn("rloo")(torch.ones(2, 1))
+
+
+def test_reinforce_pp_advantage_by_hand():
+    # centered [[.5,-.5],[1,-1]]; batch std (unbiased, 4 values) = sqrt(2.5/3) = 0.912871
+    adv = ADVANTAGES.get_fn("reinforce_pp")(torch.tensor([[1.0, 0.0], [3.0, 1.0]]))
+    s = math.sqrt(2.5 / 3)
+    assert torch.allclose(adv, torch.tensor([[0.5 / s, -0.5 / s], [1 / s, -1 / s]]), atol=1e-5)
+
+
+def test_kl_estimators_by_hand():
+    logp, ref = torch.tensor([[L(0.5)]]), torch.tensor([[L(0.25)]])
+    assert KL_ESTIMATORS.get_fn("k1")(logp, ref).item() == pytest.approx(L(2))
+    assert KL_ESTIMATORS.get_fn("k2")(logp, ref).item() == pytest.approx(0.5 * L(2) ** 2)
+    assert KL_ESTIMATORS.get_fn("k3")(logp, ref).item() == pytest.approx(0.5 - 1 + L(2))  # r=1/2: r-1-log r
+    same = torch.tensor([[L(0.3)]])
+    assert all(KL_ESTIMATORS.get_fn(k)(same, same).item() == 0 for k in ("k1", "k2", "k3"))
+
+
+def batch():
+    """Two sequences. Seq 1: adv +1, ratios [1.5, 0.5], 2 tokens. Seq 2: adv -1, ratios [1, 1.5, 0.5]."""
+    old = torch.zeros(2, 3)
+    logp = torch.tensor([[L(1.5), L(0.5), 0.0], [0.0, L(1.5), L(0.5)]], requires_grad=True)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    return logp, old, torch.tensor([1.0, -1.0]), mask
+
+
+def test_grpo_loss_by_hand():
+    # eps 0.2. Seq1: min(1.5,1.2)=1.2 (clipped), min(.5,.8)=.5 -> -(1.2+.5)/2 = -0.85
+    # Seq2 (adv -1): ratio 1 -> 1; 1.5 -> min(-1.5,-1.2)=-1.5 -> 1.5; .5 -> min(-.5,-.8)=-.8 -> .8
+    #   mean (1+1.5+.8)/3 = 1.1. Loss = (-0.85 + 1.1)/2 = 0.125. Clip active on 2 of 5 tokens.
+    logp, old, adv, mask = batch()
+    loss, m = POLICY_LOSSES.get_fn("grpo")(logp, old, adv, mask, LossParams())
+    assert loss.item() == pytest.approx(0.125)
+    assert m["clip_frac"] == pytest.approx(0.4)
+    loss.backward()
+    # clipped token has no gradient; seq1 token2: d(-ratio*adv)/dlogp = -0.5, x 1/2 (seq) x 1/2 (batch)
+    assert logp.grad[0, 0].item() == 0.0
+    assert logp.grad[0, 1].item() == pytest.approx(-0.125)
+    assert logp.grad[0, 2].item() == 0.0  # padding
+
+
+def test_dapo_loss_by_hand():
+    # eps_low .2, eps_high .28, token-level mean over 5 tokens:
+    # (-1.28 - 0.5 + 1 + 1.5 + 0.8) / 5 = 0.304
+    logp, old, adv, mask = batch()
+    loss, _ = POLICY_LOSSES.get_fn("dapo")(logp, old, adv, mask, LossParams(eps_low=0.2, eps_high=0.28))
+    assert loss.item() == pytest.approx(0.304)
+
+
+def test_dr_grpo_loss_by_hand():
+    # sums per sequence -1.7 and 3.3, divided by max_tokens 4, mean: (-0.425 + 0.825)/2 = 0.2
+    logp, old, adv, mask = batch()
+    loss, _ = POLICY_LOSSES.get_fn("dr_grpo")(logp, old, adv, mask, LossParams(max_tokens=4))
+    assert loss.item() == pytest.approx(0.2)
+
+
+def test_kl_term_inside_the_aggregation():
+    # +beta*kl = 0.1*0.5 per token: each sequence mean rises by 0.05 -> 0.125 + 0.05 = 0.175
+    logp, old, adv, mask = batch()
+    loss, m = POLICY_LOSSES.get_fn("grpo")(logp, old, adv, mask, LossParams(beta=0.1), kl=torch.full((2, 3), 0.5))
+    assert loss.item() == pytest.approx(0.175) and m["kl"] == pytest.approx(0.5)
+
+
+def test_unknown_names_list_known():
+    with pytest.raises(KeyError, match="known: dapo, dr_grpo, grpo"):
+        POLICY_LOSSES.get_fn("ppo2")
