@@ -38,6 +38,26 @@ def ray_cluster():
     shutil.rmtree(temp, ignore_errors=True)
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def serve_url(ray_cluster):
+    """Ray Serve's HTTP proxy on 127.0.0.1 at a free port, once per session (Serve keeps the
+    first http_options it was started with)."""
+    from ray import serve
+
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    yield f"http://127.0.0.1:{port}"
+    serve.shutdown()
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """A tiny Qwen2 model + tokenizer trained on the synthetic task text."""

@@ -35,3 +35,16 @@ def test_export_loads_back_with_equal_logits(tmp_path, tiny_model):
     with torch.no_grad():
         assert torch.allclose(model(input_ids=ids).logits, back(input_ids=ids).logits, atol=1e-6)
     assert load_tokenizer(out).chat_template == tok.chat_template
+
+
+def test_tied_export_stores_embeddings_once(tmp_path, tiny_model):
+    from safetensors import safe_open
+
+    model, tok = load_causal_lm(tiny_model), load_tokenizer(tiny_model)
+    state = {k: v.clone() for k, v in model.state_dict().items()}  # as DeepSpeed hands it over: both keys
+    assert "lm_head.weight" in state
+    out = export_hf(model, tok, tmp_path / "tied", state_dict=state)
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert "lm_head.weight" not in f.keys() and "model.embed_tokens.weight" in f.keys()
+    back = load_causal_lm(out)
+    assert torch.equal(back.lm_head.weight, back.model.embed_tokens.weight)

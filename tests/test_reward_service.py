@@ -4,7 +4,6 @@ reward function unchanged, bearer auth, and every kind of bad input."""
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 import requests
@@ -12,22 +11,14 @@ import requests
 TOKEN = "s3cret-token"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def reward_url(ray_cluster):
+def reward_url(serve_url):
     from ray import serve
 
     from raypost.config import build
     from raypost.config.serve import RewardServiceConfig
     from raypost.serve.reward_app import build_app
 
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
     good = build(RewardServiceConfig, {
         "auth_token": TOKEN, "max_items": 8, "max_text_chars": 200, "max_body_bytes": 4096, "cpus_per_replica": 0.5,
         "rewards": [{"name": "accuracy", "fn": "accuracy", "weight": 1.0, "needs_labels": True},
@@ -38,7 +29,7 @@ def reward_url(ray_cluster):
         {"name": "explode", "fn": "tests.reward_fns:explode"}, {"name": "length", "fn": "tests.reward_fns:length_reward"}]})
     serve.run(build_app(good), name="reward", route_prefix="/reward")
     serve.run(build_app(bad), name="reward-bad", route_prefix="/bad")
-    yield f"http://127.0.0.1:{port}"
+    yield serve_url
     serve.delete("reward")
     serve.delete("reward-bad")
 

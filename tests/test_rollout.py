@@ -15,7 +15,6 @@ import torch
 
 from raypost.config import build
 from raypost.config.serve import RolloutConfig
-from tests.test_reward_service import free_port
 
 
 def perturbed(model_path, scale: float, seed: int) -> dict[str, torch.Tensor]:
@@ -48,17 +47,27 @@ def hf_greedy(model_path, state, prompts: list[list[int]], max_new: int):
 
 
 @pytest.fixture(scope="module")
-def rollout(ray_cluster, tiny_model):
+def served_model(tiny_model, tmp_path_factory):
+    """The tiny model as the learner exports it (export_hf from a full state dict), which is
+    what GRPO's replicas start from."""
+    from raypost.models.hf import export_hf, load_causal_lm, load_tokenizer
+
+    model = load_causal_lm(tiny_model)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    return export_hf(model, load_tokenizer(tiny_model), tmp_path_factory.mktemp("served") / "m", state_dict=state)
+
+
+@pytest.fixture(scope="module")
+def rollout(serve_url, served_model):
     from ray import serve
 
     from raypost.serve.rollout_app import build_app
 
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    tiny_model = served_model
     wdir = f"/dev/shm/raypost-test-{uuid.uuid4().hex[:8]}"
     cfg = build(RolloutConfig, {"num_replicas": 1, "cpus_per_replica": 1, "max_model_len": 256, "weights_dir": wdir})
     serve.run(build_app(str(tiny_model), cfg), name="rollout", route_prefix="/rollout")
-    yield {"cfg": cfg, "url": f"http://127.0.0.1:{port}/rollout", "model": tiny_model}
+    yield {"cfg": cfg, "url": f"{serve_url}/rollout", "model": tiny_model}
     serve.delete("rollout")
     import shutil
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from raypost.config.base import ConfigError, StrictModel, build, load_yaml
+from raypost.config.grpo import GRPOConfig
 from raypost.config.pipelines import SFTConfig
 
-PIPELINE_CONFIGS: dict[str, type[StrictModel]] = {"sft": SFTConfig}
+PIPELINE_CONFIGS: dict[str, type[StrictModel]] = {"sft": SFTConfig, "grpo": GRPOConfig}
 
 
 def register(name: str, config_cls: type[StrictModel]) -> None:

@@ -90,3 +90,13 @@ def sft_rows(good: ray.data.Dataset, cfg: DataConfig, epochs: int, seed: int) ->
     ds = per_epoch[0].union(*per_epoch[1:]) if epochs > 1 else per_epoch[0]
     return ds.map_batches(pack_frame, batch_format="pandas", batch_size=256,
                           fn_kwargs={"max_seq_len": cfg.max_seq_len, "pack": cfg.pack}).materialize()
+
+
+def prompt_order(good: ray.data.Dataset, rows_needed: int, seed: int) -> ray.data.Dataset:
+    """Prompts for RL in one deterministic order long enough for the run: as many seeded
+    epoch shuffles as needed, concatenated. Resume is a row cursor into this order."""
+    n = good.count()
+    epochs = max(1, -(-rows_needed // n))
+    per_epoch = [good.random_shuffle(seed=seed + e) for e in range(epochs)]
+    ds = per_epoch[0].union(*per_epoch[1:]) if epochs > 1 else per_epoch[0]
+    return ds.select_columns(["id", "question", "answer", "prompt_ids"]).materialize()

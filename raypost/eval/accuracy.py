@@ -51,3 +51,14 @@ def remote_accuracy(model_path: str, rows: Sequence[dict[str, Any]], max_new_tok
     """``accuracy`` as a Ray task, so the driver stays thin and the cluster places it."""
     task = ray.remote(num_cpus=num_cpus)(accuracy)
     return ray.get(task.remote(model_path, list(rows), max_new_tokens, batch_size))
+
+
+def rollout_accuracy(client: Any, rows: Sequence[dict[str, Any]], max_new_tokens: int,
+                     keep_samples: int = 5) -> dict[str, Any]:
+    """Greedy exact-match accuracy through the rollout replicas (vLLM), at their current weights."""
+    outs = client.generate([r["prompt_ids"] for r in rows], 1, {"temperature": 0.0, "max_tokens": max_new_tokens})
+    texts = [o["completions"][0]["text"] for o in outs]
+    hits = [answers_match(t, r["answer"]) for t, r in zip(texts, rows)]
+    return {"accuracy": sum(hits) / max(1, len(hits)), "n": len(hits), "weight_version": outs[0]["version"],
+            "samples": [{"answer": r["answer"], "completion": t, "correct": h}
+                        for r, t, h in list(zip(rows, texts, hits))[:keep_samples]]}

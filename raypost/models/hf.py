@@ -34,6 +34,10 @@ def export_hf(model: Any, tokenizer: Any, out_dir: str | Path, state_dict: dict 
     out.mkdir(parents=True, exist_ok=True)
     if hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()
+    if state_dict is not None and getattr(model.config, "tie_word_embeddings", False):
+        # Save tied weights once, as HF does. A redundant lm_head.weight in the file made vLLM
+        # (CPU) replicas started from it ignore later in-place reloads of the embeddings.
+        state_dict = {k: v for k, v in state_dict.items() if k != "lm_head.weight"}
     model.save_pretrained(out, state_dict=state_dict, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out

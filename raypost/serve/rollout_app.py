@@ -7,7 +7,7 @@ is the behaviour policy GRPO's importance ratios need.
 HTTP: ``POST /v1/completions`` (OpenAI-compatible subset), ``GET /health``.
 
 Weights: before serving a request a replica reads the version pointer (weights.py); when
-a newer version exists it waits for its in-flight requests to finish (between requests,
+a different version is published it waits for its in-flight requests to finish (between requests,
 no interruption), reloads in place, resets the prefix cache, and serves on.
 """
 
@@ -81,11 +81,11 @@ class RolloutServer:
 
     async def _ensure_latest(self) -> None:
         version, path = latest(self.cfg.weights_dir)
-        if version <= self.version or path is None:
+        if version == self.version or path is None:
             return
-        async with self._lock:
+        async with self._lock:  # any change, also back to an older version after a resume
             version, path = latest(self.cfg.weights_dir)
-            if version <= self.version or path is None:
+            if version == self.version or path is None:
                 return
             while self._inflight:
                 await asyncio.sleep(0.005)

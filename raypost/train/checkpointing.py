@@ -60,3 +60,16 @@ def restore(engine: Any) -> ControllerState:
         if client and "controller" in client:
             return ControllerState.from_dict(client["controller"])
         return ControllerState.from_dict(json.loads((Path(d) / STATE_FILE).read_text()))
+
+
+def hf_exporter(engine: Any, zero_stage: int, tokenizer: Any, rank: int):
+    """A callable that writes an HF export of ``engine``'s model into a folder (rank 0), or
+    None on other ranks. Every rank must call this: ZeRO-3 gathers the weights."""
+    from raypost.train.engine import full_state_dict
+
+    state = full_state_dict(engine, zero_stage)
+    if rank != 0:
+        return None
+    from raypost.models.hf import export_hf
+
+    return lambda folder: export_hf(engine.module, tokenizer, folder, state_dict=state)

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from raypost.config import SFTConfig
 from raypost.train import checkpointing
 from raypost.train.batches import collate, micro_batches, rank_slice, token_loss_sums
-from raypost.train.engine import build_engine, full_state_dict, prepare_model, set_threads
+from raypost.train.engine import build_engine, prepare_model, set_threads
 from raypost.utils.logs import setup_logging
 from raypost.utils.metrics import MetricsLogger, Progress
 
@@ -77,15 +77,6 @@ def log_samples(run_dir: str, step: int, sample_ids: Any) -> None:
         fh.write(json.dumps({"step": step, "ids": ids}) + "\n")
 
 
-def _hf_exporter(engine: Any, cfg: SFTConfig, tokenizer: Any, rank: int):
-    sd = full_state_dict(engine, cfg.deepspeed.zero_stage)
-    if rank != 0:
-        return None
-    from raypost.models.hf import export_hf
-
-    return lambda folder: export_hf(engine.module, tokenizer, folder, state_dict=sd)
-
-
 def sft_loop(config: dict[str, Any]) -> None:
     """Ray Train entry: ``config`` = {cfg: SFTConfig dict, model_path, run_dir, total_steps}."""
     setup_logging()
@@ -138,7 +129,7 @@ def sft_loop(config: dict[str, Any]) -> None:
                 metrics["eval_loss"] = eval_loss(engine, tokenizer.pad_token_id, rank, world,
                                                  cfg.optim.micro_batch_size)
                 logger.log({"phase": "sft", "eval_loss": metrics["eval_loss"]}, state.step)
-            exporter = _hf_exporter(engine, cfg, tokenizer, rank) if last else None
+            exporter = checkpointing.hf_exporter(engine, cfg.deepspeed.zero_stage, tokenizer, rank) if last else None
             checkpointing.save_and_report(engine, state, {"step": state.step, **metrics}, rank, exporter)
         if last:
             break

@@ -1,0 +1,99 @@
+"""Config of ``pipelines/grpo.py``: SFT warm-up, then GRPO with Serve rollouts and rewards."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from raypost.config.base import StrictModel
+from raypost.config.pipelines import SFTTrainConfig
+from raypost.config.sections import (
+    DataConfig,
+    DeepSpeedConfig,
+    EvalConfig,
+    ModelConfig,
+    OptimConfig,
+    ResourcesConfig,
+    RunConfig,
+)
+from raypost.config.serve import RewardServiceConfig, RolloutConfig
+
+
+class WarmupConfig(StrictModel):
+    """The SFT warm-up before GRPO (the SFT learner itself)."""
+
+    enabled: bool = Field(True, description="Run SFT before GRPO (skip for an already instruction-tuned model).")
+    train: SFTTrainConfig = Field(default_factory=lambda: SFTTrainConfig(epochs=1, max_steps=60),
+                                  description="Length of the warm-up.")
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=2e-3, micro_batch_size=4),
+                               description="Warm-up optimizer.")
+
+
+class AlgoConfig(StrictModel):
+    """GRPO and its variants. Names are looked up in raypost.algos registries."""
+
+    advantage: Literal["grpo", "rloo", "reinforce_pp"] = Field("grpo", description="Advantage estimator.")
+    std_normalize: bool = Field(True, description="Divide advantages by the std (False = Dr.GRPO).")
+    loss: Literal["grpo", "dapo", "dr_grpo"] = Field("grpo", description="Policy loss aggregation.")
+    group_size: int = Field(8, ge=2, le=1024, description="G: completions sampled per prompt.")
+    prompts_per_step: int = Field(8, ge=1, le=100_000, description="Prompts (groups) trained per step.")
+    eps_low: float = Field(0.2, ge=0.0, le=1.0, description="Lower clip range of the ratio.")
+    eps_high: float = Field(0.2, ge=0.0, le=10.0, description="Upper clip range (DAPO clip-higher: > eps_low).")
+    beta: float = Field(0.0, ge=0.0, le=10.0, description="KL-to-reference weight; 0 skips the reference model.")
+    kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Per-token KL estimator.")
+    dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards are all equal and refill.")
+    max_refill_rounds: int = Field(3, ge=0, le=100, description="Extra rollout rounds to refill dropped groups.")
+    overlong: Literal["none", "filter", "penalty"] = Field(
+        "none", description="DAPO: truncated samples are masked out (filter) or penalized (penalty).")
+    overlong_penalty: float = Field(1.0, ge=0.0, le=100.0, description="Penalty for a truncated sample.")
+    temperature: float = Field(1.0, gt=0.0, le=10.0, description="Rollout sampling temperature.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Rollout nucleus sampling.")
+    max_new_tokens: int = Field(48, ge=1, le=1_000_000, description="Rollout generation budget.")
+    steps: int = Field(40, ge=1, le=10_000_000, description="GRPO optimizer steps.")
+
+    @model_validator(mode="after")
+    def _clip_order(self) -> "AlgoConfig":
+        if self.eps_high < self.eps_low and self.loss == "dapo":
+            raise ValueError(f"DAPO clip-higher needs eps_high >= eps_low, got {self.eps_high} < {self.eps_low}")
+        return self
+
+
+class GRPOConfig(StrictModel):
+    """``pipelines/grpo.py``: the main job."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Policy model (tiny model if no path).")
+    data: DataConfig = Field(default_factory=DataConfig, description="Prompts and answers.")
+    warmup: WarmupConfig = Field(default_factory=WarmupConfig, description="SFT warm-up.")
+    algo: AlgoConfig = Field(default_factory=AlgoConfig, description="GRPO algorithm.")
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=5e-4, micro_batch_size=16, warmup_ratio=0.0,
+                                                                   scheduler="constant"),
+                               description="GRPO optimizer; micro_batch_size counts sequences.")
+    deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig, description="DeepSpeed/ZeRO.")
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="Learner placement.")
+    placement: Literal["disaggregated", "colocated"] = Field(
+        "disaggregated", description="disaggregated: rollout and learner reserve separate CPUs/GPUs; colocated: "
+                                     "they share them and take turns.")
+    rollout: RolloutConfig = Field(default_factory=lambda: RolloutConfig(cpus_per_replica=0.5),
+                                   description="vLLM rollout replicas.")
+    reward: RewardServiceConfig = Field(default_factory=lambda: RewardServiceConfig(cpus_per_replica=0.25),
+                                        description="Reward service.")
+    run: RunConfig = Field(default_factory=lambda: RunConfig(name="grpo", checkpoint_every=10, log_every=1),
+                           description="Run folder, logging, checkpoints.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
+
+
+    @model_validator(mode="after")
+    def _batch_divides(self) -> "GRPOConfig":
+        seqs = self.algo.prompts_per_step * self.algo.group_size
+        per_step = self.resources.num_workers * self.optim.micro_batch_size
+        if seqs % per_step:
+            raise ValueError(f"algo.prompts_per_step x algo.group_size ({seqs} sequences) must be a multiple of "
+                             f"resources.num_workers x optim.micro_batch_size ({per_step})")
+        return self
+
+    @property
+    def grad_accum(self) -> int:
+        """Micro-batches per rank per step (DeepSpeed's gradient_accumulation_steps)."""
+        seqs = self.algo.prompts_per_step * self.algo.group_size
+        return seqs // (self.resources.num_workers * self.optim.micro_batch_size)

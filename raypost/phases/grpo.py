@@ -1,0 +1,108 @@
+"""Phases of the GRPO job: SFT warm-up, Serve apps, the GRPO learner, evaluation."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from raypost.config import SFTConfig
+from raypost.config.grpo import GRPOConfig
+from raypost.data import preprocess
+from raypost.phases.data import PreparedData
+from raypost.phases.sft import run_sft
+from raypost.train import checkpointing
+from raypost.train.grpo_loop import grpo_loop
+from raypost.train.trainer import fit, worker_resources
+from raypost.utils.cluster import check_resources
+
+log = logging.getLogger("raypost")
+COLOCATED_CPUS = 0.01  # colocated: Serve replicas reserve a token share and take turns with the learner
+
+
+def warmup(cfg: GRPOConfig, model_path: str, data: PreparedData, run_dir: Path) -> tuple[str, float]:
+    """SFT warm-up with the SFT learner; done once (a marker file makes a resumed job skip it)."""
+    marker = run_dir / "warmup_done.json"
+    if marker.is_file():
+        return json.loads(marker.read_text())["model_path"], 0.0
+    if not cfg.warmup.enabled:
+        return model_path, 0.0
+    sft_cfg = SFTConfig(model=cfg.model, data=cfg.data, optim=cfg.warmup.optim, deepspeed=cfg.deepspeed,
+                        resources=cfg.resources, eval=cfg.eval, train=cfg.warmup.train,
+                        run=cfg.run.model_copy(update={"name": "warmup", "storage_path": str(run_dir),
+                                                       "checkpoint_every": 10**6, "log_every": 20}))
+    result = run_sft(sft_cfg, model_path, data, run_dir / "warmup")
+    marker.write_text(json.dumps({"model_path": result.model_path, "wall_s": result.wall_s}))
+    return result.model_path, result.wall_s
+
+
+def serve_resources(cfg: GRPOConfig) -> tuple[float, float]:
+    if cfg.placement == "colocated":
+        return COLOCATED_CPUS, COLOCATED_CPUS
+    return cfg.rollout.cpus_per_replica, cfg.reward.cpus_per_replica
+
+
+def check_placement(cfg: GRPOConfig) -> None:
+    rollout_cpus, reward_cpus = serve_resources(cfg)
+    check_resources({
+        "resources (learner)": {k: v * cfg.resources.num_workers for k, v in worker_resources(cfg.resources).items()},
+        "rollout (vLLM replicas)": {"CPU": rollout_cpus * cfg.rollout.num_replicas,
+                                    "GPU": cfg.rollout.gpus_per_replica * cfg.rollout.num_replicas},
+        "reward (replicas)": {"CPU": reward_cpus * (cfg.reward.autoscale_max_replicas or cfg.reward.num_replicas)},
+    })
+
+
+def deploy(cfg: GRPOConfig, model_path: str, weights_dir: str) -> None:
+    """Start Serve (127.0.0.1 unless configured) with the rollout and reward apps."""
+    from ray import serve
+
+    from raypost.serve.reward_app import build_app as reward_app
+    from raypost.serve.rollout_app import build_app as rollout_app
+
+    rollout_cpus, reward_cpus = serve_resources(cfg)
+    serve.start(http_options={"host": cfg.reward.host, "port": cfg.reward.port})
+    serve.run(rollout_app(model_path, cfg.rollout.model_copy(update={"weights_dir": weights_dir,
+                                                                     "cpus_per_replica": rollout_cpus})),
+              name="rollout", route_prefix="/rollout")
+    serve.run(reward_app(cfg.reward.model_copy(update={"cpus_per_replica": reward_cpus})),
+              name="reward", route_prefix="/reward")
+
+
+def weights_dir_for(cfg: GRPOConfig) -> str:
+    return str(Path(cfg.rollout.weights_dir) / cfg.run.name)
+
+
+def train(cfg: GRPOConfig, model_path: str, data: PreparedData, run_dir: Path) -> tuple[str, float, dict]:
+    """Run the GRPO learner on Ray Train; returns (HF export path, wall seconds, last metrics)."""
+    need = cfg.algo.steps * cfg.algo.prompts_per_step * (1 + (cfg.algo.max_refill_rounds if cfg.algo.dynamic_sampling else 0))
+    prompts = preprocess.prompt_order(data.train, need, cfg.run.seed)
+    t0 = time.time()
+    result = fit(grpo_loop, {"cfg": cfg.model_dump(mode="json"), "model_path": model_path, "run_dir": str(run_dir),
+                             "weights_dir": weights_dir_for(cfg), "grad_accum": cfg.grad_accum},
+                 cfg.resources, cfg.run.model_copy(update={"storage_path": str(run_dir)}), {"prompts": prompts},
+                 name="grpo")
+    if result.error is not None:
+        raise result.error
+    return str(Path(result.checkpoint.path) / checkpointing.HF_DIR), time.time() - t0, dict(result.metrics or {})
+
+
+def evaluate(cfg: GRPOConfig, data: PreparedData, version: int | None = None) -> dict[str, Any]:
+    """Held-out greedy accuracy through the rollout replicas (after they reach ``version``)."""
+    import asyncio
+
+    from raypost.eval import rollout_accuracy
+    from raypost.serve.rollout_client import RolloutClient
+
+    client = RolloutClient("rollout", weights_dir_for(cfg), cfg.rollout.max_attempts, chunk=16)
+    if version is not None:
+        asyncio.run(client.await_version(version))
+    return rollout_accuracy(client, data.eval_rows(cfg.data.max_eval_samples), cfg.eval.max_new_tokens)
+
+
+def reset_weights(cfg: GRPOConfig) -> None:
+    """Drop pushed versions of an earlier job: fresh replicas start from the warm-up model and
+    the learner republishes its restored version when it starts."""
+    shutil.rmtree(weights_dir_for(cfg), ignore_errors=True)

@@ -1,0 +1,1 @@
+"""The RL loop's pieces: rollout groups, learner tensors."""

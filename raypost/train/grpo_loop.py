@@ -1,0 +1,159 @@
+"""The GRPO learner: one Ray Train worker's loop (synchronous, eta = 0).
+
+Rank 0 is the controller: it draws prompts in a deterministic order, collects G rollouts
+per prompt from the Serve vLLM replicas (generated with weight version k), scores them with
+the reward service and broadcasts the batch. Every rank recomputes log-probs of its slice
+under the current policy and steps the shared loss. Rank 0 then publishes version k+1.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import ray.train
+import torch
+import torch.distributed as dist
+
+from raypost.algos import KL_ESTIMATORS, POLICY_LOSSES, LossParams
+from raypost.config.grpo import GRPOConfig
+from raypost.rl import groups as G
+from raypost.rl.tensors import collate, sequences, token_logprobs
+from raypost.serve.weights import publish
+from raypost.train import checkpointing
+from raypost.train.batches import micro_batches
+from raypost.train.engine import build_engine, full_state_dict, prepare_model, set_threads
+from raypost.utils.logs import setup_logging
+from raypost.utils.metrics import MetricsLogger, Progress
+
+log = logging.getLogger("raypost.grpo")
+
+
+def _broadcast(obj: Any, rank: int) -> Any:
+    box = [obj if rank == 0 else None]
+    if dist.is_initialized():
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _push(engine: Any, cfg: GRPOConfig, version: int, weights_dir: str, rank: int) -> float:
+    """Gather the full weights and publish them as ``version`` (rank 0 writes)."""
+    t0 = time.perf_counter()
+    state = full_state_dict(engine, cfg.deepspeed.zero_stage)
+    if rank == 0:
+        tied = getattr(engine.module.config, "tie_word_embeddings", False)
+        publish(weights_dir, version, {k: v for k, v in state.items() if not (tied and k == "lm_head.weight")})
+    if dist.is_initialized():
+        dist.barrier()
+    return time.perf_counter() - t0
+
+
+def _learn(engine: Any, ref: Any, rows: list[dict], cfg: GRPOConfig, pad_id: int) -> dict[str, float]:
+    """One optimizer step over this rank's sequences; returns averaged loss metrics."""
+    algo = cfg.algo
+    params = LossParams(eps_low=algo.eps_low, eps_high=algo.eps_high, beta=algo.beta, max_tokens=algo.max_new_tokens)
+    loss_fn, kl_fn = POLICY_LOSSES.get_fn(algo.loss), KL_ESTIMATORS.get_fn(algo.kl_estimator)
+    sums: dict[str, float] = {}
+    chunks = list(micro_batches(rows, cfg.optim.micro_batch_size))
+    for mb in chunks:
+        b = collate(mb, pad_id)
+        logits = engine(input_ids=b["input_ids"], attention_mask=b["attention_mask"], use_cache=False).logits
+        logp, entropy = token_logprobs(logits, b["targets"], algo.temperature)
+        kl = None
+        if algo.beta > 0:
+            with torch.no_grad():
+                ref_logits = ref(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+            kl = kl_fn(logp, token_logprobs(ref_logits, b["targets"], algo.temperature)[0])
+        loss, m = loss_fn(logp, b["old_logp"], b["adv"], b["mask"], params, kl)
+        engine.backward(loss)
+        engine.step()
+        n = b["mask"].sum().clamp(min=1)
+        m.update(loss=loss.item(), entropy=float((entropy * b["mask"]).sum() / n))
+        for k, v in m.items():
+            sums[k] = sums.get(k, 0.0) + v / len(chunks)
+    return sums
+
+
+def _rollout_metrics(groups: list[G.Group]) -> dict[str, float]:
+    samples = [s for g in groups for s in g.samples]
+    rewards = torch.tensor([s.reward for s in samples])
+    acc = [s.scores.get("accuracy") for s in samples if s.scores.get("accuracy") is not None]
+    return {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
+            "accuracy": sum(acc) / len(acc) if acc else float("nan"),
+            "response_len": sum(len(s.completion_ids) for s in samples) / len(samples),
+            "truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples)}
+
+
+def _controller_batch(ctx: dict, cfg: GRPOConfig, state: checkpointing.ControllerState) -> tuple[list, dict]:
+    """Rank 0: collect, score and turn groups into sequences; advances the data cursor."""
+    consumed = [0]
+
+    def next_rows(k: int) -> list[dict]:
+        consumed[0] += k
+        return ctx["next_rows"](k)
+
+    groups, timing = G.collect(ctx["client"], ctx["reward"], next_rows, cfg.algo, cfg.run.seed + state.step)
+    state.cursor += consumed[0]
+    seqs = sequences(groups, G.advantages(groups, cfg.algo))
+    return seqs, {**_rollout_metrics(groups), **timing}
+
+
+def _setup_controller(cfg: GRPOConfig, state: checkpointing.ControllerState, config: dict) -> dict:
+    from ray import serve
+
+    from raypost.serve.rollout_client import RolloutClient
+
+    rows = iter(ray.train.get_dataset_shard("prompts").iter_rows())
+    for _ in range(state.cursor):  # prompts consumed before the checkpoint
+        next(rows)
+    return {"client": RolloutClient("rollout", config["weights_dir"], cfg.rollout.max_attempts, chunk=1),
+            "reward": serve.get_app_handle("reward"), "next_rows": G.cycle_rows(rows)}
+
+
+def grpo_loop(config: dict[str, Any]) -> None:
+    """Ray Train entry: config = {cfg, model_path, run_dir, weights_dir}."""
+    setup_logging()
+    cfg = GRPOConfig.model_validate(config["cfg"])
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    set_threads(cfg.resources, ctx.get_local_world_size())
+    torch.manual_seed(cfg.run.seed)
+    from raypost.models.hf import load_causal_lm, load_tokenizer
+
+    tok = load_tokenizer(config["model_path"])
+    optim = cfg.optim.model_copy(update={"grad_accum": config["grad_accum"]})
+    engine = build_engine(prepare_model(config["model_path"], cfg.model, cfg.deepspeed.precision), optim,
+                          cfg.deepspeed, cfg.algo.steps, world)
+    ref = load_causal_lm(config["model_path"]).eval() if cfg.algo.beta > 0 else None
+    state = checkpointing.restore(engine)
+    controller = _setup_controller(cfg, state, config) if rank == 0 else None
+    _push(engine, cfg, state.weight_version, config["weights_dir"], rank)  # replicas serve the restored weights
+    logger = MetricsLogger(config["run_dir"], rank == 0, cfg.run.wandb_mode, run_name=cfg.run.name,
+                           config=config["cfg"])
+    progress = Progress(cfg.algo.steps, state.step, "grpo")
+    while state.step < cfg.algo.steps:
+        t0 = time.perf_counter()
+        seqs, metrics = _controller_batch(controller, cfg, state) if rank == 0 else (None, None)
+        seqs, metrics = _broadcast((seqs, metrics), rank)
+        t1 = time.perf_counter()
+        metrics["staleness_max"] = max(state.weight_version - s["version"] for s in seqs)
+        metrics.update(_learn(engine, ref, seqs[rank::world], cfg, tok.pad_token_id))
+        metrics["train_s"] = time.perf_counter() - t1
+        state.step, state.weight_version = state.step + 1, state.weight_version + 1
+        state.cursor = _broadcast(state.cursor, rank)
+        metrics["push_s"] = _push(engine, cfg, state.weight_version, config["weights_dir"], rank)
+        metrics.update(step_s=time.perf_counter() - t0, weight_version=state.weight_version, phase="grpo",
+                       gen_tokens_per_s=sum(len(s["ids"]) - s["start"] for s in seqs) / max(metrics["generate_s"], 1e-9))
+        if rank == 0:
+            logger.log(metrics, state.step)
+            G.log_trained(config["run_dir"], state.step, [s["sample_id"] for s in seqs])
+            if state.step % cfg.run.log_every == 0 or state.step == cfg.algo.steps:
+                log.info(progress.line(state.step, {k: metrics[k] for k in ("reward_mean", "accuracy", "loss",
+                                                                              "gen_tokens_per_s", "step_s")}))
+        last = state.step == cfg.algo.steps
+        if last or state.step % cfg.run.checkpoint_every == 0:
+            exporter = checkpointing.hf_exporter(engine, cfg.deepspeed.zero_stage, tok, rank) if last else None
+            checkpointing.save_and_report(engine, state, {"step": state.step, **metrics}, rank, exporter)
+    logger.finish()
+
