@@ -41,22 +41,14 @@ def main(argv: list[str]) -> dict:
     import logging
     import time
 
-    from raypost.config import dump_yaml
     from raypost.phases import data as data_phase
     from raypost.phases import grpo as grpo_phase
-    from raypost.train.trainer import run_dir as make_run_dir
-    from raypost.utils.cluster import init_ray
-    from raypost.utils.logs import setup_logging
     from raypost.utils.report import plot_curves, write_report
 
-    setup_logging()
     log = logging.getLogger("raypost")
     t0 = time.time()
-    init_ray(cfg.run.ray_address)
+    run_dir = data_phase.start_run(cfg)
     grpo_phase.check_placement(cfg)
-    run_dir = make_run_dir(cfg.run)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    dump_yaml(cfg, run_dir / "config.yaml")
 
     # Data and base model.
     model_path, data = data_phase.prepare(cfg.data, cfg.model, run_dir)

@@ -28,6 +28,22 @@ class PreparedData:
                 for r in self.eval.take(limit)]
 
 
+def start_run(cfg: Any) -> Path:
+    """Driver start of any pipeline: logging, Ray (joined or local), the run folder with the
+    validated config written into it. ``cfg`` has a ``run`` section."""
+    from raypost.config import dump_yaml
+    from raypost.train.trainer import run_dir as make_run_dir
+    from raypost.utils.cluster import init_ray
+    from raypost.utils.logs import setup_logging
+
+    setup_logging()
+    init_ray(cfg.run.ray_address)
+    run_dir = make_run_dir(cfg.run)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dump_yaml(cfg, run_dir / "config.yaml")
+    return run_dir
+
+
 def base_model(cfg: ModelConfig, train_rows: ray.data.Dataset, out_dir: Path) -> str:
     """``cfg.path`` as given, or the tiny model built from the training text (cached in out_dir)."""
     if cfg.path is not None:

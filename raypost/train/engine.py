@@ -81,3 +81,25 @@ def full_state_dict(engine: Any, zero_stage: int) -> dict[str, torch.Tensor] | N
     if hasattr(module, "merge_and_unload"):
         return None  # peft: export merges adapters itself
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def setup_learner(cfg: Any, model_path: str, optim: OptimConfig, total_steps: int) -> tuple[int, int, Any, Any]:
+    """Inside a Ray Train worker: logging, threads, seed, tokenizer and the DeepSpeed engine.
+
+    ``cfg`` is a pipeline config with model/deepspeed/resources/run sections.
+    Returns (rank, world size, tokenizer, engine).
+    """
+    import ray.train
+
+    from raypost.models.hf import load_tokenizer
+    from raypost.utils.logs import setup_logging
+
+    setup_logging()
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    set_threads(cfg.resources, ctx.get_local_world_size())
+    torch.manual_seed(cfg.run.seed)
+    tokenizer = load_tokenizer(model_path)
+    engine = build_engine(prepare_model(model_path, cfg.model, cfg.deepspeed.precision), optim, cfg.deepspeed,
+                          total_steps, world)
+    return rank, world, tokenizer, engine

@@ -23,8 +23,7 @@ from raypost.rl.tensors import collate, sequences, token_logprobs
 from raypost.serve.weights import publish
 from raypost.train import checkpointing
 from raypost.train.batches import micro_batches
-from raypost.train.engine import build_engine, full_state_dict, prepare_model, set_threads
-from raypost.utils.logs import setup_logging
+from raypost.train.engine import full_state_dict, setup_learner
 from raypost.utils.metrics import MetricsLogger, Progress
 
 log = logging.getLogger("raypost.grpo")
@@ -113,18 +112,11 @@ def _setup_controller(cfg: GRPOConfig, state: checkpointing.ControllerState, con
 
 def grpo_loop(config: dict[str, Any]) -> None:
     """Ray Train entry: config = {cfg, model_path, run_dir, weights_dir}."""
-    setup_logging()
-    cfg = GRPOConfig.model_validate(config["cfg"])
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    set_threads(cfg.resources, ctx.get_local_world_size())
-    torch.manual_seed(cfg.run.seed)
-    from raypost.models.hf import load_causal_lm, load_tokenizer
+    from raypost.models.hf import load_causal_lm
 
-    tok = load_tokenizer(config["model_path"])
+    cfg = GRPOConfig.model_validate(config["cfg"])
     optim = cfg.optim.model_copy(update={"grad_accum": config["grad_accum"]})
-    engine = build_engine(prepare_model(config["model_path"], cfg.model, cfg.deepspeed.precision), optim,
-                          cfg.deepspeed, cfg.algo.steps, world)
+    rank, world, tok, engine = setup_learner(cfg, config["model_path"], optim, cfg.algo.steps)
     ref = load_causal_lm(config["model_path"]).eval() if cfg.algo.beta > 0 else None
     state = checkpointing.restore(engine)
     controller = _setup_controller(cfg, state, config) if rank == 0 else None

@@ -19,8 +19,7 @@ import torch.distributed as dist
 from raypost.config import SFTConfig
 from raypost.train import checkpointing
 from raypost.train.batches import collate, micro_batches, rank_slice, token_loss_sums
-from raypost.train.engine import build_engine, prepare_model, set_threads
-from raypost.utils.logs import setup_logging
+from raypost.train.engine import setup_learner
 from raypost.utils.metrics import MetricsLogger, Progress
 
 log = logging.getLogger("raypost.sft")
@@ -79,18 +78,9 @@ def log_samples(run_dir: str, step: int, sample_ids: Any) -> None:
 
 def sft_loop(config: dict[str, Any]) -> None:
     """Ray Train entry: ``config`` = {cfg: SFTConfig dict, model_path, run_dir, total_steps}."""
-    setup_logging()
     cfg = SFTConfig.model_validate(config["cfg"])
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    set_threads(cfg.resources, ctx.get_local_world_size())
-    torch.manual_seed(cfg.run.seed)
-    from raypost.models.hf import load_tokenizer
-
-    tokenizer = load_tokenizer(config["model_path"])
     total = int(config["total_steps"])
-    engine = build_engine(prepare_model(config["model_path"], cfg.model, cfg.deepspeed.precision),
-                          cfg.optim, cfg.deepspeed, total, world)
+    rank, world, tokenizer, engine = setup_learner(cfg, config["model_path"], cfg.optim, total)
     state = checkpointing.restore(engine)
     if rank == 0 and state.step:
         log.info("resumed at step %d (cursor %d)", state.step, state.cursor)
