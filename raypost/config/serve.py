@@ -46,6 +46,8 @@ class RewardServiceConfig(StrictModel):
     autoscale_max_replicas: int | None = Field(None, ge=1, le=1024, description="Enable autoscaling up to this many.")
     target_ongoing_requests: float = Field(4.0, gt=0, le=10_000, description="Autoscaling target per replica.")
     cpus_per_replica: float = Field(1.0, gt=0, le=1024, description="Logical CPUs per replica.")
+    max_ongoing_requests: int = Field(64, ge=1, le=100_000, description="Requests a replica takes at once (Serve's "
+                                      "default of 5 queues the rest in the proxy; batching wants more).")
     max_batch_size: int = Field(64, ge=1, le=4096, description="serve.batch: items scored together.")
     batch_wait_timeout_s: float = Field(0.005, ge=0.0, le=10.0, description="serve.batch: wait to fill a batch.")
 
