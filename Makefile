@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.raypost-installed
 EXTRAS ?= cpu,test
 
-.PHONY: setup run test test-fast bench clean-venv
+.PHONY: setup run test bench clean-venv
 
 setup: $(STAMP)
 

@@ -48,3 +48,39 @@ def test_tied_export_stores_embeddings_once(tmp_path, tiny_model):
         assert "lm_head.weight" not in f.keys() and "model.embed_tokens.weight" in f.keys()
     back = load_causal_lm(out)
     assert torch.equal(back.lm_head.weight, back.model.embed_tokens.weight)
+
+
+def test_lora_trains_adapters_only_and_exports_merged(tmp_path, tiny_model):
+    from raypost.config import LoraConfig, ModelConfig
+    from raypost.train.engine import prepare_model
+
+    model = prepare_model(str(tiny_model), ModelConfig(lora=LoraConfig(enabled=True, r=4, alpha=8)), "fp32")
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    with torch.no_grad():  # move the adapters off zero so the merge matters
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.add_(0.05)
+    ids = torch.tensor([[5, 9, 13, 21, 7]])
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+    out = export_hf(model, load_tokenizer(tiny_model), tmp_path / "merged")
+    back = load_causal_lm(out)
+    with torch.no_grad():
+        assert torch.allclose(back(input_ids=ids).logits, want, atol=1e-4)
+    assert not any("lora" in k for k in back.state_dict())
+
+
+def test_gradient_checkpointing_same_gradients(tiny_model):
+    from raypost.config import ModelConfig
+    from raypost.train.engine import prepare_model
+
+    ids = torch.tensor([[5, 9, 13, 21, 7, 3]])
+    grads = []
+    for ckpt in (False, True):
+        model = prepare_model(str(tiny_model), ModelConfig(gradient_checkpointing=ckpt), "fp32")
+        model.train()
+        model(input_ids=ids, labels=ids).loss.backward()
+        grads.append(model.model.layers[0].mlp.up_proj.weight.grad.clone())
+        assert model.is_gradient_checkpointing == ckpt
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +21,12 @@ HF_DIR = "hf"
 
 @dataclass
 class ControllerState:
-    """Where a run is: optimizer steps done, batches consumed, weight version, RNG seed base."""
+    """Where a run is: optimizer steps done, data consumed (SFT: global batches; GRPO: prompt
+    rows), and the weight version last pushed to the rollout replicas."""
 
     step: int = 0
     cursor: int = 0
     weight_version: int = 0
-    epoch: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
