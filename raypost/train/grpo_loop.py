@@ -92,7 +92,7 @@ def _controller_batch(ctx: dict, cfg: GRPOConfig, state: checkpointing.Controlle
         consumed[0] += k
         return ctx["next_rows"](k)
 
-    groups, timing = G.collect(ctx["client"], ctx["reward"], next_rows, cfg.algo, cfg.run.seed + state.step)
+    groups, timing = G.collect(ctx["client"], ctx["reward"], next_rows, cfg.algo)
     state.cursor += consumed[0]
     seqs = sequences(groups, G.advantages(groups, cfg.algo))
     return seqs, {**_rollout_metrics(groups), **timing}
