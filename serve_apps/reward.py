@@ -35,24 +35,10 @@ def app_builder(args: dict[str, Any]):
 def main(argv: list[str]) -> None:
     cfg = load_config(RewardServiceConfig, argv, aliases=ALIASES)
 
-    import ray
-    from ray import serve
-
     from raypost.serve.reward_app import build_app
-    from raypost.utils.cluster import init_ray
+    from raypost.serve.standalone import serve_forever
 
-    init_ray()
-    serve.start(http_options={"host": cfg.host, "port": cfg.port})
-    serve.run(build_app(cfg), name="reward", route_prefix=cfg.route_prefix)
-    print(f"reward service on http://{cfg.host}:{cfg.port}{cfg.route_prefix} (Ctrl-C stops it)", flush=True)
-    try:
-        import time
-
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        serve.shutdown()
-        ray.shutdown()
+    serve_forever(build_app(cfg), "reward", cfg.host, cfg.port, cfg.route_prefix, "reward service")
 
 
 if __name__ == "__main__":

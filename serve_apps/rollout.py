@@ -47,24 +47,10 @@ def app_builder(args: dict[str, Any]):
 def main(argv: list[str]) -> None:
     cfg = load_config(RolloutAppConfig, argv)
 
-    import time
-
-    import ray
-    from ray import serve
-
     from raypost.serve.rollout_app import build_app
-    from raypost.utils.cluster import init_ray
+    from raypost.serve.standalone import serve_forever
 
-    init_ray()
-    serve.start(http_options={"host": cfg.host, "port": cfg.port})
-    serve.run(build_app(*_split(cfg)), name="rollout", route_prefix="/")
-    print(f"rollout replicas on http://{cfg.host}:{cfg.port}/v1/completions (Ctrl-C stops them)", flush=True)
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        serve.shutdown()
-        ray.shutdown()
+    serve_forever(build_app(*_split(cfg)), "rollout", cfg.host, cfg.port, "/", "rollout replicas (/v1/completions)")
 
 
 if __name__ == "__main__":
