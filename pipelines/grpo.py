@@ -18,7 +18,7 @@ Launch:
   python pipelines/grpo.py                                         # offline embedded default
   python pipelines/grpo.py --config examples/grpo_tiny.yaml --algo.beta 0.01
   python pipelines/grpo.py --model Qwen/Qwen2.5-0.5B-Instruct --dataset ../shared/data/gsm8k/train.jsonl
-  ray job submit --working-dir . -- .venv/bin/python pipelines/grpo.py --run.name my-grpo
+  ray job submit --working-dir . -- $PWD/.venv/bin/python pipelines/grpo.py --run.name my-grpo   (README: "Submitting as a Ray job")
 Re-submitting the same command (same run.name and run.storage_path) resumes from the latest checkpoint.
 """
 

@@ -17,7 +17,7 @@ Launch:
   python pipelines/sft.py                                   # offline default
   python pipelines/sft.py --config examples/sft_tiny.yaml --optim.lr 3e-4
   python pipelines/sft.py --model Qwen/Qwen2.5-0.5B-Instruct --dataset ../shared/data/gsm8k/train.jsonl
-  ray job submit --working-dir . -- python pipelines/sft.py --run.name my-sft
+  ray job submit --working-dir . -- $PWD/.venv/bin/python pipelines/sft.py --run.name my-sft
 Re-running the same command (same run.name and run.storage_path) resumes from the latest checkpoint.
 """
 

@@ -92,3 +92,17 @@ def test_every_example_yaml_loads(path):
 
 def test_examples_exist():
     assert _shipped_yamls(), "examples/ must ship at least one YAML"
+
+
+def test_override_keeps_the_pipelines_own_section_defaults():
+    """``--run.name x`` changes one key; the pipeline's other defaults for that section stay
+    (GRPO's run.checkpoint_every=10, its warm-up lr and batch), not the section class defaults."""
+    from raypost.config.grpo import GRPOConfig
+
+    cfg = load_config(GRPOConfig, ["--run.name", "x", "--warmup.optim.scheduler", "constant",
+                                   "--warmup.train.max_steps", "90"])
+    default = GRPOConfig()
+    assert cfg.run.name == "x" and cfg.run.checkpoint_every == default.run.checkpoint_every == 10
+    assert cfg.warmup.optim.scheduler == "constant" and cfg.warmup.optim.lr == default.warmup.optim.lr
+    assert cfg.warmup.optim.micro_batch_size == default.warmup.optim.micro_batch_size
+    assert cfg.warmup.train.max_steps == 90 and cfg.warmup.train.epochs == default.warmup.train.epochs

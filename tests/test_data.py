@@ -12,7 +12,7 @@ import torch
 from raypost.config import DataConfig
 from raypost.data import IGNORE_INDEX, completion_ids, final_answer, prompt_ids, sft_example, synthetic
 from raypost.data.packing import pack_frame
-from raypost.data.rows import normalize_row, parse_json_line
+from raypost.data.rows import normalize_row, qa_schema
 from raypost.train.batches import block_causal_mask, collate, token_loss_sums
 from tests.conftest import GSM8K
 
@@ -39,7 +39,7 @@ def test_final_answer(text, expected):
 
 def test_gsm8k_rows_parse():
     lines = (GSM8K / "train.jsonl").read_text().splitlines()[:50]
-    rows = [parse_json_line(line, "question", "answer") for line in lines]
+    rows = [qa_schema("question", "answer").parse_line(line) for line in lines]
     assert all(r["reject"] == "" for r in rows)
     first = json.loads(lines[0])
     assert rows[0]["answer"] == first["answer"].split("####")[-1].strip().replace(",", "")
@@ -55,7 +55,7 @@ def test_gsm8k_rows_parse():
     ('[1, 2]', "row is list"),
 ])
 def test_malformed_rows_are_rejected_with_reason(line, reason):
-    row = parse_json_line(line, "question", "answer")
+    row = qa_schema("question", "answer").parse_line(line)
     assert reason in row["reject"] and row["raw"]
 
 

@@ -66,9 +66,25 @@ def _format_validation_error(err: ValidationError) -> str:
     return "invalid config:\n  " + "\n  ".join(lines)
 
 
+def with_section_defaults(model: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with, for every section it sets, the values its parent's default for that
+    section sets explicitly: ``--run.name x`` keeps GRPOConfig's own ``run.checkpoint_every=10``
+    instead of falling back to RunConfig's class defaults."""
+    out = dict(data)
+    for name, field in model.model_fields.items():
+        sub, ann = out.get(name), field.annotation
+        if not (isinstance(sub, dict) and isinstance(ann, type) and issubclass(ann, BaseModel)):
+            continue
+        default = field.get_default(call_default_factory=True) if not field.is_required() else None
+        base = default.model_dump(exclude_unset=True) if isinstance(default, BaseModel) else {}
+        out[name] = deep_merge(base, with_section_defaults(ann, sub))
+    return out
+
+
 def build(model: type[T], data: dict[str, Any]) -> T:
     """Validate ``data`` into ``model``; every problem becomes one ConfigError."""
     check_keys(model, data)
+    data = with_section_defaults(model, data)
     try:
         return model.model_validate(data)
     except ValidationError as err:

@@ -7,8 +7,10 @@ from pathlib import Path
 from raypost.config.base import ConfigError, StrictModel, build, load_yaml
 from raypost.config.grpo import GRPOConfig
 from raypost.config.pipelines import SFTConfig
+from raypost.config.reward_model import RewardModelConfig
 
-PIPELINE_CONFIGS: dict[str, type[StrictModel]] = {"sft": SFTConfig, "grpo": GRPOConfig}
+PIPELINE_CONFIGS: dict[str, type[StrictModel]] = {"sft": SFTConfig, "grpo": GRPOConfig,
+                                                  "reward_model": RewardModelConfig}
 
 
 def register(name: str, config_cls: type[StrictModel]) -> None:

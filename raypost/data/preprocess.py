@@ -15,6 +15,7 @@ import ray.data
 
 from raypost.config import DataConfig
 from raypost.data.packing import pack_frame
+from raypost.data.rows import RowSchema
 from raypost.data.sources import read_source
 from raypost.data.tokenize import Tokenize
 
@@ -43,14 +44,15 @@ def _in_eval(row_id: str, fraction: float) -> bool:
     return int(hashlib.sha1(row_id.encode()).hexdigest()[:8], 16) % 10_000 < fraction * 10_000
 
 
-def read_splits(cfg: DataConfig) -> tuple[ray.data.Dataset, ray.data.Dataset]:
+def read_splits(cfg: DataConfig, schema: RowSchema | None = None) -> tuple[ray.data.Dataset, ray.data.Dataset]:
     """Normalized train and eval rows (materialized). Eval comes from eval_path, the
-    synthetic eval seed, or a stable hash split of ids (no row is in both)."""
-    train = read_source(cfg, cfg.path, cfg.hf_split if cfg.source == "hf" else "train").materialize()
+    synthetic eval seed, or a stable hash split of ids (no row is in both). ``schema``
+    validates rows (default: question/answer)."""
+    train = read_source(cfg, cfg.path, cfg.hf_split if cfg.source == "hf" else "train", schema).materialize()
     if cfg.source == "synthetic":
         return train, read_source(cfg, None, "eval").materialize()
     if cfg.eval_path is not None:
-        return train, read_source(cfg, cfg.eval_path, "test").materialize()
+        return train, read_source(cfg, cfg.eval_path, "test", schema).materialize()
     frac = cfg.eval_fraction
     is_eval = lambda r: r["reject"] == "" and _in_eval(r["id"], frac)  # noqa: E731
     return (train.filter(lambda r: not is_eval(r)).materialize(), train.filter(is_eval).materialize())
@@ -83,20 +85,21 @@ def split_rejects(ds: ray.data.Dataset, split: str, rejects_path: Path) -> tuple
     return good, counts
 
 
-def sft_rows(good: ray.data.Dataset, cfg: DataConfig, epochs: int, seed: int) -> ray.data.Dataset:
-    """Training rows for all epochs in one deterministic order: each epoch is its own
-    seeded shuffle, then examples are packed. Resume is a cursor into this order."""
+def epoch_order(good: ray.data.Dataset, epochs: int, seed: int) -> ray.data.Dataset:
+    """All epochs in one deterministic order, each its own seeded shuffle. Learners resume
+    from a cursor into this order, so it must not change between runs of the same config."""
     per_epoch = [good.random_shuffle(seed=seed + e) for e in range(epochs)]
-    ds = per_epoch[0].union(*per_epoch[1:]) if epochs > 1 else per_epoch[0]
-    return ds.map_batches(pack_frame, batch_format="pandas", batch_size=256,
+    return per_epoch[0].union(*per_epoch[1:]) if epochs > 1 else per_epoch[0]
+
+
+def sft_rows(good: ray.data.Dataset, cfg: DataConfig, epochs: int, seed: int) -> ray.data.Dataset:
+    """Training rows for all epochs (``epoch_order``), then examples are packed."""
+    return epoch_order(good, epochs, seed).map_batches(pack_frame, batch_format="pandas", batch_size=256,
                           fn_kwargs={"max_seq_len": cfg.max_seq_len, "pack": cfg.pack}).materialize()
 
 
 def prompt_order(good: ray.data.Dataset, rows_needed: int, seed: int) -> ray.data.Dataset:
     """Prompts for RL in one deterministic order long enough for the run: as many seeded
     epoch shuffles as needed, concatenated. Resume is a row cursor into this order."""
-    n = good.count()
-    epochs = max(1, -(-rows_needed // n))
-    per_epoch = [good.random_shuffle(seed=seed + e) for e in range(epochs)]
-    ds = per_epoch[0].union(*per_epoch[1:]) if epochs > 1 else per_epoch[0]
-    return ds.select_columns(["id", "question", "answer", "prompt_ids"]).materialize()
+    epochs = max(1, -(-rows_needed // good.count()))
+    return epoch_order(good, epochs, seed).select_columns(["id", "question", "answer", "prompt_ids"]).materialize()

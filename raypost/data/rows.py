@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable
 
 from raypost.data.answers import final_answer, normalize_number, strip_calculator
 
 COLUMNS = ["id", "question", "solution", "answer", "reject", "raw"]
 
 
-def _row_id(question: str, answer: str) -> str:
+def row_id(question: str, answer: str) -> str:
     return hashlib.sha1(f"{question}\x00{answer}".encode()).hexdigest()[:16]
 
 
@@ -27,9 +29,9 @@ def _raw(row: Any) -> str:
         return repr(row)[:2000]
 
 
-def reject(reason: str, raw: str) -> dict[str, str]:
+def reject(reason: str, raw: str, columns: list[str] = COLUMNS) -> dict[str, str]:
     """A rejected row: ``reason`` says which field is wrong and why."""
-    return {"id": "", "question": "", "solution": "", "answer": "", "reject": reason, "raw": raw}
+    return {**{c: "" for c in columns}, "reject": reason, "raw": raw}
 
 
 def normalize_row(row: Any, prompt_field: str, answer_field: str) -> dict[str, str]:
@@ -52,14 +54,27 @@ def normalize_row(row: Any, prompt_field: str, answer_field: str) -> dict[str, s
     if final is None:
         return reject(f"field '{answer_field}' has no numeric final answer (expected '#### <number>' or a number)", raw)
     solution = strip_calculator(answer_text) if "####" in answer_text else f"#### {final}"
-    rid = str(row["id"]) if isinstance(row.get("id"), (str, int)) else _row_id(question, answer_text)
+    rid = str(row["id"]) if isinstance(row.get("id"), (str, int)) else row_id(question, answer_text)
     return {"id": rid, "question": question.strip(), "solution": solution, "answer": final, "reject": "", "raw": ""}
 
 
-def parse_json_line(line: str, prompt_field: str, answer_field: str) -> dict[str, str]:
-    """One JSONL line -> normalized row, or a reject for bad JSON."""
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as err:
-        return reject(f"bad JSON: {err.msg} at column {err.colno}", line[:2000])
-    return normalize_row(row, prompt_field, answer_field)
+@dataclass(frozen=True)
+class RowSchema:
+    """How one kind of source row is validated: the output ``columns`` (with ``reject`` and
+    ``raw``) and ``normalize(row) -> normalized row or reject``."""
+
+    columns: list[str]
+    normalize: Callable[[Any], dict[str, str]]
+
+    def parse_line(self, line: str) -> dict[str, str]:
+        """One JSONL line -> normalized row, or a reject for bad JSON."""
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            return reject(f"bad JSON: {err.msg} at column {err.colno}", line[:2000], self.columns)
+        return self.normalize(row)
+
+
+def qa_schema(prompt_field: str, answer_field: str) -> RowSchema:
+    """Question/answer rows (SFT, GRPO prompts): GSM8K, the synthetic task, any QA data."""
+    return RowSchema(COLUMNS, partial(normalize_row, prompt_field=prompt_field, answer_field=answer_field))

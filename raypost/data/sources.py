@@ -10,17 +10,17 @@ import ray.data
 
 from raypost.config import DataConfig
 from raypost.data import synthetic
-from raypost.data.rows import COLUMNS, normalize_row, parse_json_line
+from raypost.data.rows import RowSchema, qa_schema
 
 
-def _normalize_frame(batch: pd.DataFrame, prompt_field: str, answer_field: str) -> pd.DataFrame:
-    rows = [normalize_row(r, prompt_field, answer_field) for r in batch.to_dict(orient="records")]
-    return pd.DataFrame(rows, columns=COLUMNS)
+def _normalize_frame(batch: pd.DataFrame, schema: RowSchema) -> pd.DataFrame:
+    rows = [schema.normalize(r) for r in batch.to_dict(orient="records")]
+    return pd.DataFrame(rows, columns=schema.columns)
 
 
-def _parse_lines(batch: pd.DataFrame, prompt_field: str, answer_field: str) -> pd.DataFrame:
+def _parse_lines(batch: pd.DataFrame, schema: RowSchema) -> pd.DataFrame:
     lines = [t for t in batch["text"].tolist() if t.strip()]
-    return pd.DataFrame([parse_json_line(t, prompt_field, answer_field) for t in lines], columns=COLUMNS)
+    return pd.DataFrame([schema.parse_line(t) for t in lines], columns=schema.columns)
 
 
 def num_blocks(rows: int, rows_per_block: int = 4000) -> int:
@@ -33,13 +33,14 @@ def _check_path(path: str, what: str) -> None:
         raise FileNotFoundError(f"data.{what}: '{path}' does not exist; give a file or folder that does")
 
 
-def read_source(cfg: DataConfig, path: str | None, split: str) -> ray.data.Dataset:
-    """Rows of ``path`` (or the synthetic task's ``split``) as normalized rows with rejects."""
-    kw: dict[str, Any] = {"prompt_field": cfg.prompt_field, "answer_field": cfg.answer_field}
+def read_source(cfg: DataConfig, path: str | None, split: str, schema: RowSchema | None = None) -> ray.data.Dataset:
+    """Rows of ``path`` (or the synthetic task's ``split``) as normalized rows with rejects.
+    ``schema`` validates each row (default: question/answer rows named by the config)."""
+    kw: dict[str, Any] = {"schema": schema or qa_schema(cfg.prompt_field, cfg.answer_field)}
     if cfg.source == "synthetic":
         rows = synthetic_rows(cfg, split)
         return ray.data.from_items(rows, override_num_blocks=num_blocks(len(rows))).map_batches(
-            _normalize_frame, batch_format="pandas", fn_kwargs={"prompt_field": "question", "answer_field": "answer"})
+            _normalize_frame, batch_format="pandas", fn_kwargs={"schema": qa_schema("question", "answer")})
     assert path is not None
     if cfg.source == "jsonl":
         _check_path(path, "path")

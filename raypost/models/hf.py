@@ -27,6 +27,16 @@ def load_causal_lm(path: str | Path, precision: str = "fp32") -> Any:
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[precision], attn_implementation="sdpa")
 
 
+def load_sequence_classifier(path: str | Path, precision: str = "fp32") -> Any:
+    """AutoModelForSequenceClassification with one output (a reward model's score head)."""
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(str(path), num_labels=1, dtype=DTYPES[precision])
+    tok = load_tokenizer(path)
+    model.config.pad_token_id = tok.pad_token_id
+    return model
+
+
 def export_hf(model: Any, tokenizer: Any, out_dir: str | Path, state_dict: dict | None = None) -> Path:
     """Save ``model`` (merged if it is a peft model) and ``tokenizer`` as an HF folder that
     transformers and vLLM load. ``state_dict`` overrides the weights (ZeRO-3 gathered)."""

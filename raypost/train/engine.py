@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -83,10 +83,12 @@ def full_state_dict(engine: Any, zero_stage: int) -> dict[str, torch.Tensor] | N
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
-def setup_learner(cfg: Any, model_path: str, optim: OptimConfig, total_steps: int) -> tuple[int, int, Any, Any]:
+def setup_learner(cfg: Any, model_path: str, optim: OptimConfig, total_steps: int,
+                  load: Callable[[str, Any, str], torch.nn.Module] = prepare_model) -> tuple[int, int, Any, Any]:
     """Inside a Ray Train worker: logging, threads, seed, tokenizer and the DeepSpeed engine.
 
-    ``cfg`` is a pipeline config with model/deepspeed/resources/run sections.
+    ``cfg`` is a pipeline config with model/deepspeed/resources/run sections; ``load(path,
+    cfg.model, precision)`` builds the model (default: the causal LM with LoRA/checkpointing).
     Returns (rank, world size, tokenizer, engine).
     """
     import ray.train
@@ -100,6 +102,6 @@ def setup_learner(cfg: Any, model_path: str, optim: OptimConfig, total_steps: in
     set_threads(cfg.resources, ctx.get_local_world_size())
     torch.manual_seed(cfg.run.seed)
     tokenizer = load_tokenizer(model_path)
-    engine = build_engine(prepare_model(model_path, cfg.model, cfg.deepspeed.precision), optim, cfg.deepspeed,
+    engine = build_engine(load(model_path, cfg.model, cfg.deepspeed.precision), optim, cfg.deepspeed,
                           total_steps, world)
     return rank, world, tokenizer, engine

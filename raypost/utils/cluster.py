@@ -21,7 +21,10 @@ def init_ray(address: str | None = None) -> None:
     if ray.is_initialized():
         return
     addr = address or os.environ.get("RAY_ADDRESS")
-    kwargs = {"include_dashboard": False} if addr is None else {}
+    # A local cluster stays on loopback (Ray would otherwise pick the first NIC's address). Its
+    # dashboard serves the State API, which Ray Train's placement-group cleaner polls every second.
+    kwargs = ({"include_dashboard": True, "dashboard_host": "127.0.0.1", "_node_ip_address": "127.0.0.1"}
+              if addr is None else {})
     ray.init(address=addr, log_to_driver=True, **kwargs)
 
 
