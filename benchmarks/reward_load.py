@@ -1,11 +1,15 @@
 """Load on the reward endpoint over real HTTP (127.0.0.1): N concurrent clients for a fixed
 time, each POSTing /v1/rewards with ``--items`` (prompt, completion, label) items.
 
-    .venv/bin/python benchmarks/reward_load.py [--clients 1 8 16 32] [--seconds 30] [--replicas 1 2]
-                                               [--autoscale] [--items 4]
+    .venv/bin/python benchmarks/reward_load.py [--clients 1 8 32] [--seconds 30] [--replicas 1 2]
+                                               [--autoscale] [--items 4] [--model RM_PATH]
+                                               [--batching 16:0.005 64:0.005 64:0.02]
 
-Reports requests/s, p50/p99 latency and errors per (replicas, clients); prints a table and
-writes benchmarks/out/reward_load.json. Traffic goes to loopback only and stops by itself.
+Reports requests/s, p50/p99 latency and errors per (setup, clients); prints a table and
+writes benchmarks/out/reward_load.json. ``--model`` adds a reward model (e.g. the MiniLM one
+``pipelines/reward_model.py`` trains) to the verifiers, which is where batching matters;
+``--batching`` first compares serve.batch settings (max_batch_size:batch_wait_timeout_s) on
+one replica at the largest client count. Traffic goes to loopback only and stops by itself.
 """
 
 from __future__ import annotations
@@ -68,13 +72,15 @@ def load(url: str, clients: int, seconds: float, items: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 16, 32])
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--autoscale", action="store_true", help="also run with Serve autoscaling (1..max replicas)")
     ap.add_argument("--items", type=int, default=4)
     ap.add_argument("--max-batch-size", type=int, default=64)
     ap.add_argument("--batch-wait-timeout-s", type=float, default=0.005)
+    ap.add_argument("--model", default=None, help="reward model (sequence classifier) served with the verifiers")
+    ap.add_argument("--batching", nargs="*", default=[], help="SIZE:WAIT serve.batch settings to compare first")
     args = ap.parse_args()
 
     import ray
@@ -85,20 +91,23 @@ def main() -> None:
     from raypost.config.serve import RewardServiceConfig
     from raypost.serve.reward_app import build_app
 
-    ray.init(include_dashboard=False, log_to_driver=False)
+    ray.init(include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    setups = [(f"{r} replica(s)", {"num_replicas": r}) for r in args.replicas]
+    batching = [(f"1 replica, batch {b}", {"num_replicas": 1, "max_batch_size": int(b.split(":")[0]),
+                                           "batch_wait_timeout_s": float(b.split(":")[1])}) for b in args.batching]
+    setups = batching + [(f"{r} replica(s)", {"num_replicas": r}) for r in args.replicas]
     if args.autoscale:
         setups.append((f"autoscale 1..{max(args.replicas)}", {"autoscale_max_replicas": max(args.replicas),
                                                               "target_ongoing_requests": 4}))
     results, rows = [], []
     cpus = max(0.25, (os.cpu_count() or 2) / (2 * max(args.replicas)))
     for label, extra in setups:
+        model = {"model": {"path": args.model, "name": "rm", "max_length": 256}} if args.model else {}
         cfg = build(RewardServiceConfig, {"cpus_per_replica": cpus, "max_batch_size": args.max_batch_size,
-                                          "batch_wait_timeout_s": args.batch_wait_timeout_s, **extra})
+                                          "batch_wait_timeout_s": args.batch_wait_timeout_s, **model, **extra})
         serve.run(build_app(cfg), name="reward", route_prefix="/")
-        for n in args.clients:
+        for n in ([max(args.clients)] if label.startswith("1 replica, batch") else args.clients):
             res = {"setup": label, "clients": n, **load(f"http://127.0.0.1:{port}/v1/rewards", n, args.seconds,
                                                         args.items)}
             results.append(res)
@@ -108,7 +117,8 @@ def main() -> None:
     serve.shutdown()
     ray.shutdown()
     print(table(f"\nreward endpoint load, {args.items} items/request, {args.seconds:.0f} s per row, "
-                f"max_batch_size {args.max_batch_size}, batch_wait_timeout_s {args.batch_wait_timeout_s}",
+                f"reward model: {args.model or 'none'}; replica rows: max_batch_size {args.max_batch_size}, "
+                f"batch_wait_timeout_s {args.batch_wait_timeout_s}",
                 ["setup", "clients", "requests", "errors", "req/s", "p50 ms", "p99 ms"], rows))
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "reward_load.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))

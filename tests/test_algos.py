@@ -23,6 +23,16 @@ def test_grpo_advantage_by_hand():
     assert torch.equal(ADVANTAGES.get_fn("grpo")(torch.ones(1, 4)), torch.zeros(1, 4))
 
 
+@pytest.mark.parametrize("name", ["grpo", "rloo", "reinforce_pp"])
+def test_all_equal_groups_get_exactly_zero_advantage(name):
+    """Eight rewards of 0.1 (format only): float32's mean is not exactly 0.1, and without care the
+    rounding error / (std + eps) gave advantages of ~1e-2 that trained on noise."""
+    rewards = torch.tensor([[0.1] * 8, [1.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1]])
+    adv = ADVANTAGES.get_fn(name)(rewards)
+    assert torch.equal(adv[0], torch.zeros(8))
+    assert adv[1, 0] > 0 and (adv[1, 1:] < 0).all()
+
+
 def test_rloo_advantage_by_hand():
     # r=1: 1 - (0+0+1)/3 = 2/3 ; r=0: 0 - (1+0+1)/3 = -2/3
     adv = ADVANTAGES.get_fn("rloo")(torch.tensor([[1.0, 0.0, 0.0, 1.0]]))

@@ -39,7 +39,7 @@ def grpo_rows(run: Path) -> list[dict]:
     return [r for r in rows if r.get("phase") == "grpo"]
 
 
-def test_grpo_job_submit_and_resubmit(head, tmp_path):
+def test_grpo_job_submit_and_resubmit(head, tmp_path, trained_reward_model):
     args = ["--config", "examples/grpo_smoke.yaml", "--run.storage_path", str(tmp_path), "--run.name", "g",
             "--run.wandb_mode", "disabled", "--rollout.weights_dir", f"/dev/shm/raypost-test-{tmp_path.name}"]
     submit(head, [*args, "--algo.steps", "2"])
@@ -49,8 +49,10 @@ def test_grpo_job_submit_and_resubmit(head, tmp_path):
     assert (run / "reward.png").stat().st_size > 1000
 
     # Re-submitting with a longer budget resumes after step 2: the warm-up is not redone,
-    # steps 3-4 are trained from new prompts and weight versions continue.
-    out = submit(head, [*args, "--algo.steps", "4"])
+    # steps 3-4 are trained from new prompts and weight versions continue. The resumed run also
+    # adds the trained reward model to the verifier rewards in the reward service.
+    rm = json.loads((trained_reward_model / "report.json").read_text())["model_path"]
+    out = submit(head, [*args, "--algo.steps", "4", "--reward.model.path", rm, "--reward.model.weight", "0.5"])
     assert "sft step" not in out
     grpo = grpo_rows(run)
     assert [r["step"] for r in grpo] == [1, 2, 3, 4] and [r["weight_version"] for r in grpo] == [1, 2, 3, 4]
@@ -61,6 +63,10 @@ def test_grpo_job_submit_and_resubmit(head, tmp_path):
         # Synchronous GRPO: the learner's log-probs equal the replicas' behaviour log-probs of the same
         # version, so the ratio stays at 1 (a stale or half-reloaded replica moves it).
         assert abs(r["ratio_mean"] - 1.0) < 0.02, r["ratio_mean"]
+    for r in grpo[2:]:  # reward = accuracy + 0.1 format + 0.5 reward model, per sample, so in the mean too
+        expected = r["score_accuracy"] + 0.1 * r["score_format"] + 0.5 * r["score_rm"]
+        assert abs(r["reward_mean"] - expected) < 1e-4, (r["reward_mean"], expected)
+    assert "score_rm" not in grpo[0]
     trained = [json.loads(x) for x in (run / "trained_samples.jsonl").read_text().splitlines()]
     assert [t["step"] for t in trained] == [1, 2, 3, 4] and all(len(t["ids"]) == 16 for t in trained)
     prompts = [t["ids"][0].split("#")[0] for t in trained]

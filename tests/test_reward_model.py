@@ -63,28 +63,15 @@ def test_pairs_built_from_answers():
     assert wrong_final("1 + 2 = 3\n#### 3", "3", random.Random(0)) != "1 + 2 = 3\n#### 3"
 
 
-@pytest.fixture(scope="module")
-def trained_rm(ray_cluster, tmp_path_factory):
-    """MiniLM-L6 trained for a few dozen steps on pairs built from GSM8K train; held out: GSM8K test."""
-    from tests.conftest import GSM8K, run_pipeline
-
-    out = tmp_path_factory.mktemp("rm")
-    run_pipeline("reward_model.py", ["--dataset", str(GSM8K / "train.jsonl"), "--data.eval_path",
-                                     str(GSM8K / "test.jsonl"), "--run.storage_path", str(out), "--run.name", "rm",
-                                     "--run.wandb_mode", "disabled", "--train.max_steps", "30",
-                                     "--train.max_eval_pairs", "96"], ray_cluster, timeout=900)
-    return out / "rm"
-
-
-def test_reward_model_learns_gsm8k_pairs(trained_rm):
-    report = json.loads((trained_rm / "report.json").read_text())
+def test_reward_model_learns_gsm8k_pairs(trained_reward_model):
+    report = json.loads((trained_reward_model / "report.json").read_text())
     assert report["heldout_pairwise_accuracy"] >= 0.65, report["heldout_pairwise_accuracy"]  # 0.5 = chance
-    assert report["data"]["eval"]["kept"] > 1000 and (trained_rm / "loss.png").stat().st_size > 1000
-    rejects = [json.loads(x) for x in (trained_rm / "rejects.jsonl").read_text().splitlines()]
+    assert report["data"]["eval"]["kept"] > 1000 and (trained_reward_model / "loss.png").stat().st_size > 1000
+    rejects = [json.loads(x) for x in (trained_reward_model / "rejects.jsonl").read_text().splitlines()]
     assert rejects and all(r["reason"].startswith("too long: ") for r in rejects)  # named, not dropped silently
 
 
-def test_served_reward_model_ranks_like_offline(trained_rm, serve_url):
+def test_served_reward_model_ranks_like_offline(trained_reward_model, serve_url):
     """The exported checkpoint loads as is in the reward service; OpenRLHF /get_reward over HTTP
     ranks the held-out pairs exactly as the offline evaluation did."""
     from ray import serve
@@ -94,8 +81,8 @@ def test_served_reward_model_ranks_like_offline(trained_rm, serve_url):
     from raypost.serve.reward_app import build_app
     from tests.test_reward_service import post
 
-    report = json.loads((trained_rm / "report.json").read_text())
-    pairs = [json.loads(x) for x in (trained_rm / "heldout_pairs.jsonl").read_text().splitlines()]
+    report = json.loads((trained_reward_model / "report.json").read_text())
+    pairs = [json.loads(x) for x in (trained_reward_model / "heldout_pairs.jsonl").read_text().splitlines()]
     cfg = build(RewardServiceConfig, {"cpus_per_replica": 0.5, "rewards": [],
                                       "model": {"path": report["model_path"], "name": "rm", "max_length": 512}})
     serve.run(build_app(cfg), name="reward-trained", route_prefix="/trained")

@@ -64,6 +64,10 @@ def deploy(cfg: GRPOConfig, model_path: str, weights_dir: str) -> None:
 
     rollout_cpus, reward_cpus = serve_resources(cfg)
     serve.start(http_options={"host": cfg.reward.host, "port": cfg.reward.port})
+    if "rollout" in serve.status().applications:
+        # Left by an earlier job on this cluster (Serve apps outlive jobs): fresh replicas start
+        # from the warm-up model, and the learner republishes the version it restores.
+        serve.delete("rollout")
     serve.run(rollout_app(model_path, cfg.rollout.model_copy(update={"weights_dir": weights_dir,
                                                                      "cpus_per_replica": rollout_cpus})),
               name="rollout", route_prefix="/rollout")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -91,4 +92,7 @@ def train(cfg: RewardModelConfig, model_path: str, train_ds: ray.data.Dataset, e
                  cfg.resources, cfg.run, {"train": order, "eval": held_out})
     if result.error is not None:
         raise result.error
-    return str(Path(result.checkpoint.path) / checkpointing.HF_DIR), time.time() - t0, dict(result.metrics or {})
+    # A stable copy at <run>/hf: checkpoints rotate, and the reward service is pointed at this.
+    final = run_dir / checkpointing.HF_DIR
+    shutil.copytree(Path(result.checkpoint.path) / checkpointing.HF_DIR, final, dirs_exist_ok=True)
+    return str(final), time.time() - t0, dict(result.metrics or {})

@@ -78,8 +78,10 @@ def _rollout_metrics(groups: list[G.Group]) -> dict[str, float]:
     samples = [s for g in groups for s in g.samples]
     rewards = torch.tensor([s.reward for s in samples])
     acc = [s.scores.get("accuracy") for s in samples if s.scores.get("accuracy") is not None]
+    per_reward = {f"score_{name}": sum(s.scores[name] for s in samples) / len(samples)
+                  for name in sorted({k for s in samples for k in s.scores})}
     return {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
-            "accuracy": sum(acc) / len(acc) if acc else float("nan"),
+            "accuracy": sum(acc) / len(acc) if acc else float("nan"), **per_reward,
             "response_len": sum(len(s.completion_ids) for s in samples) / len(samples),
             "truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples)}
 
