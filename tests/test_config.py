@@ -106,3 +106,11 @@ def test_override_keeps_the_pipelines_own_section_defaults():
     assert cfg.warmup.optim.scheduler == "constant" and cfg.warmup.optim.lr == default.warmup.optim.lr
     assert cfg.warmup.optim.micro_batch_size == default.warmup.optim.micro_batch_size
     assert cfg.warmup.train.max_steps == 90 and cfg.warmup.train.epochs == default.warmup.train.epochs
+
+
+def test_grpo_tiny_example_is_the_default():
+    """examples/grpo_tiny.yaml says it spells out the embedded default: keep them in step."""
+    from raypost.config.grpo import GRPOConfig
+    from raypost.config.registry import config_for_file
+
+    assert config_for_file(ROOT / "examples" / "grpo_tiny.yaml") == GRPOConfig()

@@ -17,15 +17,17 @@ from raypost.config.sections import (
     ResourcesConfig,
     RunConfig,
 )
-from raypost.config.serve import RewardServiceConfig, RolloutConfig
+from raypost.config.serve import RewardServiceConfig, RewardSpec, RolloutConfig
 
 
 class WarmupConfig(StrictModel):
     """The SFT warm-up before GRPO (the SFT learner itself)."""
 
     enabled: bool = Field(True, description="Run SFT before GRPO (skip for an already instruction-tuned model).")
-    train: SFTTrainConfig = Field(default_factory=lambda: SFTTrainConfig(epochs=1, max_steps=60),
-                                  description="Length of the warm-up.")
+    train: SFTTrainConfig = Field(default_factory=lambda: SFTTrainConfig(epochs=2),
+                                  description="Length of the warm-up. On the tiny model, held-out accuracy stays "
+                                              "at 0.13-0.15 until the SFT lr has decayed (60-200 steps: 0.13-0.15; "
+                                              "the full 2 epochs, 301 steps: 0.46), so the default is the full run.")
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=2e-3, micro_batch_size=4),
                                description="Warm-up optimizer.")
 
@@ -50,7 +52,7 @@ class AlgoConfig(StrictModel):
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="Rollout sampling temperature.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Rollout nucleus sampling.")
     max_new_tokens: int = Field(48, ge=1, le=1_000_000, description="Rollout generation budget.")
-    steps: int = Field(40, ge=1, le=10_000_000, description="GRPO optimizer steps.")
+    steps: int = Field(60, ge=1, le=10_000_000, description="GRPO optimizer steps.")
 
     @model_validator(mode="after")
     def _clip_order(self) -> "AlgoConfig":
@@ -66,9 +68,10 @@ class GRPOConfig(StrictModel):
     data: DataConfig = Field(default_factory=DataConfig, description="Prompts and answers.")
     warmup: WarmupConfig = Field(default_factory=WarmupConfig, description="SFT warm-up.")
     algo: AlgoConfig = Field(default_factory=AlgoConfig, description="GRPO algorithm.")
-    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=5e-4, micro_batch_size=16, warmup_ratio=0.0,
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=2e-5, micro_batch_size=16, warmup_ratio=0.0,
                                                                    scheduler="constant"),
-                               description="GRPO optimizer; micro_batch_size counts sequences.")
+                               description="GRPO optimizer; micro_batch_size counts sequences. On the tiny model "
+                                           "lr 1e-4 and above lowered held-out accuracy within 60 steps.")
     deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig, description="DeepSpeed/ZeRO.")
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="Learner placement.")
     placement: Literal["disaggregated", "colocated"] = Field(
@@ -76,8 +79,12 @@ class GRPOConfig(StrictModel):
                                      "they share them and take turns.")
     rollout: RolloutConfig = Field(default_factory=lambda: RolloutConfig(cpus_per_replica=0.5),
                                    description="vLLM rollout replicas.")
-    reward: RewardServiceConfig = Field(default_factory=lambda: RewardServiceConfig(cpus_per_replica=0.25),
-                                        description="Reward service.")
+    reward: RewardServiceConfig = Field(
+        default_factory=lambda: RewardServiceConfig(
+            cpus_per_replica=0.25, rewards=[RewardSpec(name="accuracy", fn="accuracy", weight=1.0, needs_labels=True)]),
+        description="Reward service. Accuracy only by default: with std-normalized advantages, a group whose "
+                    "only difference is a small format bonus gets full-size advantages that reinforce its "
+                    "wrong answers.")
     run: RunConfig = Field(default_factory=lambda: RunConfig(name="grpo", checkpoint_every=10, log_every=1),
                            description="Run folder, logging, checkpoints.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
