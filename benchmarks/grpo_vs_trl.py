@@ -3,7 +3,7 @@
 One identical workload through both: the same warmed-up model and tokenizer, the same prompts
 in the same order, G completions per prompt, max_new_tokens, prompts per step, steps, lr,
 temperature 1.0, beta 0, the GRPO loss (sequence mean, group std scaling, clip 0.2), and the
-same reward functions (raypost's accuracy + 0.1 x format, which have TRL's signature).
+same reward function (raypost's accuracy verifier, the GRPO default; it has TRL's signature).
 
 1. raypost runs first, as a user runs it (``pipelines/grpo.py`` in a child process, with its
    own local Ray cluster). Its SFT warm-up produces the starting model for both; its
@@ -91,7 +91,7 @@ def run_trl(args: argparse.Namespace, model: str, rows: list[dict], out: Path) -
     from trl import GRPOConfig, GRPOTrainer
 
     from raypost.models.hf import load_causal_lm, load_tokenizer
-    from raypost.rewards.verifiers import accuracy_reward, format_reward
+    from raypost.rewards.verifiers import accuracy_reward
 
     torch.set_num_threads(os.cpu_count() or 1)
     step_s: list[float] = []
@@ -111,10 +111,10 @@ def run_trl(args: argparse.Namespace, model: str, rows: list[dict], out: Path) -
                      num_generations=args.group_size, max_completion_length=args.max_new_tokens, max_steps=args.steps,
                      learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, adam_beta2=0.95,
                      max_grad_norm=1.0, beta=0.0, epsilon=0.2, loss_type="grpo", scale_rewards="group",
-                     temperature=1.0, reward_weights=[1.0, 0.1], shuffle_dataset=False, use_cpu=True, bf16=False,
+                     temperature=1.0, shuffle_dataset=False, use_cpu=True, bf16=False,
                      report_to="none", logging_steps=1, save_strategy="no", disable_tqdm=True, seed=0,
                      dataloader_num_workers=0, dataloader_pin_memory=False)
-    trainer = GRPOTrainer(model=load_causal_lm(model), reward_funcs=[accuracy_reward, format_reward], args=cfg,
+    trainer = GRPOTrainer(model=load_causal_lm(model), reward_funcs=[accuracy_reward], args=cfg,
                           train_dataset=Dataset.from_list(rows), processing_class=load_tokenizer(model),
                           callbacks=[Timer()])
     t0 = time.time()

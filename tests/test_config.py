@@ -114,3 +114,13 @@ def test_grpo_tiny_example_is_the_default():
     from raypost.config.registry import config_for_file
 
     assert config_for_file(ROOT / "examples" / "grpo_tiny.yaml") == GRPOConfig()
+
+
+def test_cross_field_error_names_both_fields():
+    from raypost.config.grpo import GRPOConfig
+
+    with pytest.raises(ConfigError) as err:
+        load_config(GRPOConfig, ["--rollout.max_model_len", "1024"])
+    msg = str(err.value)
+    assert "rollout.max_model_len 1024" in msg and "model.tiny.max_position_embeddings 512" in msg
+    assert "got {" not in msg  # the whole section dump is noise

@@ -154,6 +154,8 @@ def test_pipeline_counts_and_writes_rejects(ray_cluster, tiny_model, tmp_path):
     assert any("missing field 'answer'" in r for r in reasons)
     assert any("field 'question' is empty" in r for r in reasons)
     assert any(r.startswith("too long") and "data.max_seq_len=128" in r for r in reasons)
+    too_long = [json.loads(x) for x in rejects.read_text().splitlines() if "too long" in x][0]
+    assert json.loads(too_long["raw"])["question"].startswith("long long")  # which row, not just why
     assert sorted(r["answer"] for r in kept.take_all()) == sorted(str(3 + i) for i in range(20))
 
 

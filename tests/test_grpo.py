@@ -5,6 +5,7 @@ service, DeepSpeed learner, versioned weight pushes, then a re-submission that r
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ def head():
 
     with LocalHead(num_cpus=4) as h:
         yield h
+    shutil.rmtree(h.temp_dir, ignore_errors=True)
 
 
 def submit(head, args: list[str], timeout: float = 900) -> str:
@@ -39,6 +41,7 @@ def grpo_rows(run: Path) -> list[dict]:
     return [r for r in rows if r.get("phase") == "grpo"]
 
 
+@pytest.mark.timeout(1800)  # two jobs, plus training the reward model when this test runs first
 def test_grpo_job_submit_and_resubmit(head, tmp_path, trained_reward_model):
     args = ["--config", "examples/grpo_smoke.yaml", "--run.storage_path", str(tmp_path), "--run.name", "g",
             "--run.wandb_mode", "disabled", "--rollout.weights_dir", f"/dev/shm/raypost-test-{tmp_path.name}"]

@@ -61,6 +61,10 @@ def _format_validation_error(err: ValidationError) -> str:
         loc = ".".join(str(p) for p in e["loc"])
         if e["type"] == "missing":
             lines.append(f"config field '{loc}' is required: set it in the YAML or pass --{loc} VALUE")
+        elif e["type"] == "value_error" and e["msg"].startswith("Value error, "):
+            # a cross-field check: its message names the fields and the fix itself
+            where = f"{loc}: " if loc else ""
+            lines.append(where + e["msg"][len("Value error, "):])
         else:
             lines.append(f"config field '{loc}': got {e.get('input')!r}; {e['msg']}")
     return "invalid config:\n  " + "\n  ".join(lines)

@@ -99,6 +99,14 @@ class GRPOConfig(StrictModel):
                              f"resources.num_workers x optim.micro_batch_size ({per_step})")
         return self
 
+    @model_validator(mode="after")
+    def _fits_tiny_model(self) -> "GRPOConfig":
+        limit = self.model.tiny.max_position_embeddings
+        if self.model.path is None and self.rollout.max_model_len > limit:
+            raise ValueError(f"rollout.max_model_len {self.rollout.max_model_len} exceeds the tiny model's "
+                             f"model.tiny.max_position_embeddings {limit}; lower the first or raise the second")
+        return self
+
     @property
     def grad_accum(self) -> int:
         """Micro-batches per rank per step (DeepSpeed's gradient_accumulation_steps)."""

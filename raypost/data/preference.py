@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from raypost.data.rows import RowSchema, reject, row_id
+from raypost.data.tokenize import keep_raw
 
 PAIR_COLUMNS = ["id", "prompt", "chosen", "rejected", "kind", "reject", "raw"]
 _FINAL = re.compile(r"####\s*(-?[\d,]*\.?\d+)\s*$")
@@ -127,4 +128,4 @@ class TokenizePairs:
             if good and longest > self.max_seq_len:
                 rejects[i] = f"too long: {longest} tokens > data.max_seq_len {self.max_seq_len}"
         return batch.assign(reject=rejects, chosen_ids=c_ids, chosen_types=c_tt, rejected_ids=r_ids,
-                            rejected_types=r_tt)
+                            rejected_types=r_tt, raw=keep_raw(batch, rejects, ["id", "prompt", "chosen", "rejected"]))

@@ -69,4 +69,15 @@ class Tokenize:
             prompts.append(p), completions.append(c), rejects.append("")
         out = batch.copy()
         out["prompt_ids"], out["completion_ids"], out["reject"] = prompts, completions, rejects
+        out["raw"] = keep_raw(batch, rejects, ["id", "question", "solution"])
         return out
+
+
+def keep_raw(batch: pd.DataFrame, rejects: list[str], columns: list[str]) -> list[str]:
+    """``raw`` for rows rejected after normalization (too long): the normalized row as JSON, so
+    the rejects file says which row it was; earlier rejects keep their original raw text."""
+    import json
+
+    raws = batch["raw"].tolist()
+    return [raw if raw or not rej else json.dumps({c: batch[c].iat[i] for c in columns})
+            for i, (raw, rej) in enumerate(zip(raws, rejects))]

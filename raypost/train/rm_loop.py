@@ -43,10 +43,10 @@ def pair_inputs(rows: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tens
     mask = torch.zeros((len(seqs), t), dtype=torch.long)
     tt = torch.zeros((len(seqs), t), dtype=torch.long)
     for i, (s, ty) in enumerate(zip(seqs, types)):
-        ids[i, :len(s)] = torch.from_numpy(np.asarray(s, dtype=np.int64))
+        ids[i, :len(s)] = torch.from_numpy(np.array(s, dtype=np.int64))
         mask[i, :len(s)] = 1
         if len(ty):
-            tt[i, :len(ty)] = torch.from_numpy(np.asarray(ty, dtype=np.int64))
+            tt[i, :len(ty)] = torch.from_numpy(np.array(ty, dtype=np.int64))
     out = {"input_ids": ids, "attention_mask": mask}
     if any(len(ty) for ty in types):
         out["token_type_ids"] = tt
