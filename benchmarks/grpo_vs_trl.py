@@ -62,7 +62,7 @@ def run_raypost(args: argparse.Namespace, model: Path, out: Path) -> dict:
     report = json.loads((run / "report.json").read_text())
     return {"step_s": [r["step_s"] for r in steps], "reward": [r["reward_mean"] for r in steps],
             "gen_tokens": [r["response_len"] * args.prompts * args.group_size for r in steps],
-            "phase_s": {k: r for k, r in report["phase_s"].items()}, "job_wall_s": time.time() - t0,
+            "phase_s": report["phase_s"], "job_wall_s": time.time() - t0,
             "warm_model": json.loads((run / "warmup_done.json").read_text())["model_path"], "trained_ids": trained}
 
 
