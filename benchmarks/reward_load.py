@@ -77,7 +77,7 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--autoscale", action="store_true", help="also run with Serve autoscaling (1..max replicas)")
     ap.add_argument("--items", type=int, default=4)
-    ap.add_argument("--max-batch-size", type=int, default=64)
+    ap.add_argument("--max-batch-size", type=int, default=32)
     ap.add_argument("--batch-wait-timeout-s", type=float, default=0.005)
     ap.add_argument("--model", default=None, help="reward model (sequence classifier) served with the verifiers")
     ap.add_argument("--batching", nargs="*", default=[], help="SIZE:WAIT serve.batch settings to compare first")

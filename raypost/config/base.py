@@ -26,13 +26,14 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
 
 
-def _submodel(annotation: Any) -> type[StrictModel] | None:
-    """The StrictModel class inside ``annotation`` (``X``, ``X | None``), if any."""
+def section_model(annotation: Any) -> type[StrictModel] | None:
+    """The StrictModel class inside ``annotation`` (``X``, ``X | None``), if any; not the
+    values of a mapping or list field (their keys are data, not config keys)."""
     if isinstance(annotation, type) and issubclass(annotation, StrictModel):
         return annotation
-    if get_origin(annotation) is not None:
+    if get_origin(annotation) not in (None, dict, list, tuple):
         for arg in get_args(annotation):
-            sub = _submodel(arg)
+            sub = section_model(arg)
             if sub is not None:
                 return sub
     return None
@@ -50,7 +51,7 @@ def check_keys(model: type[StrictModel], data: Any, prefix: str = "") -> None:
             close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.5)
             hint = f"did you mean '{prefix}{close[0]}'?" if close else f"valid keys here: {', '.join(valid)}"
             raise ConfigError(f"unknown config key '{where}': {hint}")
-        sub = _submodel(fields[key].annotation)
+        sub = section_model(fields[key].annotation)
         if sub is not None:
             check_keys(sub, value, prefix=f"{where}.")
 

@@ -38,8 +38,7 @@ def plan_steps(cfg: SFTConfig, num_rows: int) -> int:
     return min(steps, cfg.train.max_steps or steps)
 
 
-def run_sft(cfg: SFTConfig, model_path: str, data: PreparedData, run_dir: Path,
-            trial_name: str | None = None) -> SFTResult:
+def run_sft(cfg: SFTConfig, model_path: str, data: PreparedData, run_dir: Path) -> SFTResult:
     """Train; returns the exported HF model (inside the final checkpoint) and its metrics."""
     check_resources({"resources (learner)": {k: v * cfg.resources.num_workers
                                              for k, v in worker_resources(cfg.resources).items()}})
@@ -50,7 +49,7 @@ def run_sft(cfg: SFTConfig, model_path: str, data: PreparedData, run_dir: Path,
     t0 = time.time()
     result = fit(sft_loop, {"cfg": cfg.model_dump(mode="json"), "model_path": model_path, "run_dir": str(run_dir),
                             "total_steps": total},
-                 cfg.resources, cfg.run, {"train": rows, "eval": eval_rows}, name=trial_name)
+                 cfg.resources, cfg.run, {"train": rows, "eval": eval_rows})
     if result.error is not None:
         raise result.error
     ckpt_dir = Path(result.checkpoint.path)

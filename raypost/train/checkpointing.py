@@ -16,6 +16,7 @@ import ray.train
 
 DS_TAG = "ds"
 STATE_FILE = "controller_state.json"
+METRICS_FILE = "metrics.json"
 HF_DIR = "hf"
 
 
@@ -46,6 +47,7 @@ def save_and_report(engine: Any, state: ControllerState, metrics: dict[str, Any]
             hf_export(Path(tmp) / HF_DIR)
         if rank == 0:
             (Path(tmp) / STATE_FILE).write_text(json.dumps(state.to_dict()))
+            (Path(tmp) / METRICS_FILE).write_text(json.dumps(metrics, default=str))
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
 
@@ -59,6 +61,12 @@ def restore(engine: Any) -> ControllerState:
         if client and "controller" in client:
             return ControllerState.from_dict(client["controller"])
         return ControllerState.from_dict(json.loads((Path(d) / STATE_FILE).read_text()))
+
+
+def finished_checkpoint(run_dir: str | Path) -> Path | None:
+    """The run's final checkpoint (the one with the HF export), if the run has finished."""
+    done = sorted(p.parent for p in Path(run_dir).glob(f"**/checkpoint_*/{HF_DIR}"))
+    return done[-1] if done else None
 
 
 def hf_exporter(engine: Any, zero_stage: int, tokenizer: Any, rank: int):

@@ -31,6 +31,14 @@ def fit(loop: Callable[[dict[str, Any]], None], loop_config: dict[str, Any], res
     Datasets are not split: every worker reads the same deterministic order and takes its
     own rows of each global batch, so a checkpoint's cursor resumes exactly.
     """
+    from ray.tune.trainable.trainable_fn_utils import _in_tune_session
+
+    # Inside a Tune trial, every report (metrics + checkpoint path) also goes to Tune.
+    callbacks = []
+    if _in_tune_session():
+        from ray.tune.integration.ray_train import TuneReportCallback
+
+        callbacks.append(TuneReportCallback())
     opts = ray.train.DataConfig.default_ingest_options()
     opts.preserve_order = True
     trainer = TorchTrainer(
@@ -41,7 +49,8 @@ def fit(loop: Callable[[dict[str, Any]], None], loop_config: dict[str, Any], res
         run_config=ray.train.RunConfig(
             name=name or run.name, storage_path=str(Path(run.storage_path).expanduser().resolve()),
             failure_config=ray.train.FailureConfig(max_failures=run.max_failures),
-            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=run.keep_checkpoints)),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=run.keep_checkpoints),
+            callbacks=callbacks),
         datasets=datasets,
         dataset_config=ray.train.DataConfig(datasets_to_split=[], execution_options=opts),
         torch_config=TorchConfig(backend="nccl" if res.gpus_per_worker > 0 else "gloo"),

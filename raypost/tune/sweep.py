@@ -1,0 +1,112 @@
+"""Build and run (or restore) a Tune sweep from a validated space file."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from raypost.config import ConfigError
+from raypost.tune.space import SpaceFile, trial_config
+
+log = logging.getLogger("raypost")
+
+
+def trial_resources(space: SpaceFile) -> dict[str, float]:
+    """Resources one running trial holds: its function actor, the learner, and (GRPO) the
+    Serve replicas. The largest over every value the space can set."""
+    from raypost.train.trainer import worker_resources
+
+    variants = [{}] + [{k: v} for k, d in space.params.items() for v in d.samples()]
+    need: dict[str, float] = {"CPU": 0.0}
+    for params in variants:
+        cfg = trial_config(space, params)
+        req = {"CPU": space.cpus_per_trial_driver}
+        for key, amount in worker_resources(cfg.resources).items():
+            req[key] = req.get(key, 0.0) + amount * cfg.resources.num_workers
+        if space.pipeline == "grpo":
+            from raypost.phases.grpo import serve_resources
+
+            rollout, reward = serve_resources(cfg)
+            req["CPU"] += rollout * cfg.rollout.num_replicas + reward * cfg.reward.num_replicas
+        for key, amount in req.items():
+            need[key] = max(need.get(key, 0.0), amount)
+    return need
+
+
+def check_sweep(space: SpaceFile) -> None:
+    """Fail before anything starts if max_concurrent_trials trials cannot run at once."""
+    from raypost.utils.cluster import check_resources
+
+    if space.pipeline == "grpo" and space.max_concurrent_trials > 1:
+        raise ConfigError("grpo sweeps run one trial at a time (each trial owns the 'rollout' and 'reward' "
+                          "Serve apps); set max_concurrent_trials: 1")
+    per_trial = trial_resources(space)
+    check_resources({f"trial {i + 1} of max_concurrent_trials": per_trial
+                     for i in range(space.max_concurrent_trials)})
+
+
+def scheduler(space: SpaceFile) -> Any:
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, HyperBandScheduler
+
+    s = space.scheduler
+    if s.type == "asha":
+        return ASHAScheduler(time_attr="training_iteration", max_t=s.max_t, grace_period=s.grace_period,
+                             reduction_factor=s.reduction_factor)
+    if s.type == "hyperband":
+        return HyperBandScheduler(time_attr="training_iteration", max_t=s.max_t, reduction_factor=s.reduction_factor)
+    return FIFOScheduler()
+
+
+def search_alg(space: SpaceFile) -> Any:
+    """None for random/grid (Tune's basic variant generator), else the optional searcher."""
+    kind = space.search.type
+    if kind == "grid":
+        loose = [k for k, d in space.params.items() if d.kind not in ("grid", "choice")]
+        if loose:
+            raise ConfigError(f"search: grid needs grid or choice for every param; {', '.join(loose)} are not")
+        return None
+    if kind == "random":
+        from ray.tune.search import BasicVariantGenerator
+
+        return BasicVariantGenerator(random_state=space.search.seed)
+    try:
+        if kind == "optuna":
+            from ray.tune.search.optuna import OptunaSearch
+
+            return OptunaSearch(seed=space.search.seed)
+        from ray.tune.search.hyperopt import HyperOptSearch
+
+        return HyperOptSearch(random_state_seed=space.search.seed)
+    except (ImportError, AssertionError) as err:
+        raise ConfigError(f"search: {kind} is not installed ({err}); pip install {kind} or use random/grid") from None
+
+
+def param_space(space: SpaceFile) -> dict[str, Any]:
+    grid = space.search.type == "grid"
+    return {key: (dist.model_copy(update={"choice": None, "grid": dist.choice}).to_tune()
+                  if grid and dist.kind == "choice" else dist.to_tune())
+            for key, dist in space.params.items()}
+
+
+def run_sweep(space: SpaceFile, sweep_dir: Path) -> Any:
+    """Tuner.fit(); if ``sweep_dir`` holds an interrupted sweep, restore it (finished trials
+    are not rerun; unfinished ones resume from their own Train checkpoints)."""
+    from ray import tune
+
+    from raypost.tune.trials import run_trial
+
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, space=space.model_dump(mode="json"), sweep_dir=str(sweep_dir)),
+        {"CPU": space.cpus_per_trial_driver})
+    if tune.Tuner.can_restore(str(sweep_dir)):
+        log.info("restoring the sweep in %s", sweep_dir)
+        tuner = tune.Tuner.restore(str(sweep_dir), trainable=trainable, resume_errored=True)
+    else:
+        tuner = tune.Tuner(
+            trainable, param_space=param_space(space),
+            tune_config=tune.TuneConfig(metric=space.metric, mode=space.mode, scheduler=scheduler(space),
+                                        search_alg=search_alg(space), num_samples=space.num_samples,
+                                        max_concurrent_trials=space.max_concurrent_trials),
+            run_config=tune.RunConfig(name=sweep_dir.name, storage_path=str(sweep_dir.parent), verbose=1))
+    return tuner.fit()

@@ -1,0 +1,92 @@
+"""One Tune trial = one run of a pipeline's phases on Ray Train, inside a function trainable.
+
+Ray Train V2 forwards each checkpointed report to Tune (``trainer.fit`` adds
+``TuneReportCallback`` inside a Tune session), so the scheduler sees the pipeline's own
+metrics: SFT's ``eval_loss``, GRPO's ``reward_mean``. A trial's run is named by its trial id
+under ``<sweep>/trials``, so a restored sweep resumes an unfinished trial from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from raypost.config import SFTConfig, StrictModel, dump_yaml
+from raypost.config.grpo import GRPOConfig
+from raypost.train import checkpointing
+from raypost.tune.space import SpaceFile, trial_config
+
+
+def _sft(cfg: SFTConfig, run_dir: Path) -> None:
+    from raypost.phases import data as data_phase
+    from raypost.phases import sft as sft_phase
+
+    model_path, data = data_phase.prepare(cfg.data, cfg.model, run_dir)
+    sft_phase.run_sft(cfg, model_path, data, run_dir)
+
+
+def _grpo(cfg: GRPOConfig, run_dir: Path) -> None:
+    """GRPO from the sweep's shared warm-up model (see ``shared_warmup``)."""
+    from raypost.phases import data as data_phase
+    from raypost.phases import grpo as grpo_phase
+
+    grpo_phase.check_placement(cfg)
+    model_path, data = data_phase.prepare(cfg.data, cfg.model, run_dir)
+    grpo_phase.reset_weights(cfg)
+    grpo_phase.deploy(cfg, model_path, grpo_phase.weights_dir_for(cfg))
+    grpo_phase.train(cfg, model_path, data, run_dir)
+
+
+TRIAL_BODIES: dict[str, Callable[[Any, Path], None]] = {"sft": _sft, "grpo": _grpo}
+
+
+def trial_run_config(space: SpaceFile, params: dict[str, Any], trial_id: str, sweep_dir: str) -> StrictModel:
+    """The trial's pipeline config: its run is ``<sweep>/trials/<trial_id>``."""
+    cfg = trial_config(space, params)
+    run = cfg.run.model_copy(update={"name": trial_id, "storage_path": str(Path(sweep_dir) / "trials")})
+    return cfg.model_copy(update={"run": run})
+
+
+def run_trial(params: dict[str, Any], space: dict[str, Any], sweep_dir: str) -> None:
+    """Tune function trainable (bound with ``tune.with_parameters``)."""
+    from ray import tune
+
+    from raypost.utils.cluster import configure_ray_data
+    from raypost.utils.logs import setup_logging
+
+    setup_logging()
+    configure_ray_data()
+    spec = SpaceFile.model_validate(space)
+    cfg = trial_run_config(spec, params, tune.get_context().get_trial_id(), sweep_dir)
+    run_dir = Path(cfg.run.storage_path) / cfg.run.name
+    done = checkpointing.finished_checkpoint(run_dir)
+    if done is not None:
+        # Restored after the driver died between this trial's last report and its end: hand
+        # Tune the final result again instead of rerunning the trial.
+        metrics = json.loads((done / checkpointing.METRICS_FILE).read_text())
+        tune.report({**metrics, "checkpoint_path": str(done)})
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dump_yaml(cfg, run_dir / "config.yaml")
+    TRIAL_BODIES[spec.pipeline](cfg, run_dir)
+
+
+def shared_warmup(space: SpaceFile, sweep_dir: Path) -> SpaceFile:
+    """GRPO sweeps warm up once in the driver: trials start from that model with warm-up off.
+    Other pipelines return ``space`` unchanged."""
+    if space.pipeline != "grpo":
+        return space
+    cfg = trial_config(space, {})
+    if not cfg.warmup.enabled:
+        return space
+    from raypost.config.base import deep_merge
+    from raypost.phases import data as data_phase
+    from raypost.phases import grpo as grpo_phase
+
+    run_dir = sweep_dir / "warmup"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    model_path, data = data_phase.prepare(cfg.data, cfg.model, run_dir)
+    warm, _ = grpo_phase.warmup(cfg, model_path, data, run_dir)
+    base = deep_merge(space.base, {"model": {"path": warm}, "warmup": {"enabled": False}})
+    return space.model_copy(update={"base": base})

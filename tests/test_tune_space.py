@@ -1,0 +1,101 @@
+"""The tune_spaces DSL: every shipped space loads, and bad keys or distributions are errors
+that name them. Pure (no Ray)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from raypost.config import ConfigError
+from raypost.tune.space import Distribution, load_space, trial_config
+from tests.conftest import ROOT
+
+SPACES = sorted((ROOT / "tune_spaces").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SPACES, ids=lambda p: p.name)
+def test_every_shipped_space_loads(path: Path):
+    space = load_space(path)
+    for key, dist in space.params.items():
+        for value in dist.samples():
+            cfg = trial_config(space, {key: value})
+            section, field = key.rsplit(".", 1)
+            node = cfg
+            for part in section.split("."):
+                node = getattr(node, part)
+            assert getattr(node, field) == value
+
+
+def test_spaces_cover_sft_and_grpo():
+    assert {load_space(p).pipeline for p in SPACES} == {"sft", "grpo"}
+
+
+def _write(tmp_path: Path, params: dict, **extra) -> Path:
+    doc = {"pipeline": "sft", "metric": "eval_loss", "mode": "min", "params": params, **extra}
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_unknown_key_names_the_nearest_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown config key 'optim.lrr': did you mean 'optim.lr'"):
+        load_space(_write(tmp_path, {"optim.lrr": {"uniform": [0.1, 0.2]}}))
+
+
+def test_section_is_not_a_searchable_value(tmp_path):
+    with pytest.raises(ConfigError, match=r"'optim' is a section; name one of its keys"):
+        load_space(_write(tmp_path, {"optim": {"choice": [1, 2]}}))
+
+
+@pytest.mark.parametrize("dist, message", [
+    ({"loguniform": [0.0, 1.0]}, "loguniform needs lo > 0"),
+    ({"uniform": [2.0, 1.0]}, r"uniform needs lo < hi"),
+    ({"uniform": [0.1, 0.2], "choice": [1]}, "give exactly one of"),
+    ({"normal": [0, 1]}, r"params.optim.lr: unknown distribution 'normal'; use one of loguniform"),
+    (0.001, r"params.optim.lr: a distribution is a mapping such as \{uniform: \[lo, hi\]\}"),
+])
+def test_bad_distribution_is_named(tmp_path, dist, message):
+    with pytest.raises(ConfigError, match=message):
+        load_space(_write(tmp_path, {"optim.lr": dist}))
+
+
+def test_value_the_pipeline_rejects_names_param_and_bound(tmp_path):
+    with pytest.raises(ConfigError, match=r"params.resources.num_workers = 0 is rejected by the sft config"):
+        load_space(_write(tmp_path, {"resources.num_workers": {"choice": [0, 1]}}))
+
+
+def test_base_overrides_and_params_reach_the_trial_config(tmp_path):
+    space = load_space(_write(tmp_path, {"optim.lr": {"grid": [0.001, 0.002]}},
+                              base={"train": {"max_steps": 7}, "optim": {"lr": 0.5, "micro_batch_size": 2}}))
+    cfg = trial_config(space, {"optim.lr": 0.002})
+    assert (cfg.optim.lr, cfg.optim.micro_batch_size, cfg.train.max_steps) == (0.002, 2, 7)
+
+
+def test_distributions_map_to_tune_domains():
+    from ray import tune
+
+    assert Distribution(grid=[1, 2]).to_tune() == tune.grid_search([1, 2])
+    lo, hi = 1e-4, 1e-2
+    dom = Distribution(loguniform=(lo, hi)).to_tune()
+    draws = [dom.sample() for _ in range(200)]
+    assert all(lo <= d <= hi for d in draws)
+    assert sum(d < 1e-3 for d in draws) > 60  # log scale: half the draws fall in the lower decade
+    assert {Distribution(randint=(3, 5)).to_tune().sample() for _ in range(50)} == {3, 4}
+    q = Distribution(qloguniform=(1e-3, 1e-1, 1e-3)).to_tune().sample()
+    assert abs(q / 1e-3 - round(q / 1e-3)) < 1e-6
+
+
+def test_grid_search_needs_discrete_params(tmp_path):
+    from raypost.tune.sweep import search_alg
+
+    space = load_space(_write(tmp_path, {"optim.lr": {"uniform": [0.1, 0.2]}}, search={"type": "grid"}))
+    with pytest.raises(ConfigError, match="grid needs grid or choice for every param; optim.lr"):
+        search_alg(space)
+
+
+def test_unknown_pipeline_is_named(tmp_path):
+    path = _write(tmp_path, {"optim.lr": {"uniform": [0.1, 0.2]}}, pipeline="ppo")
+    with pytest.raises(ConfigError, match="pipeline"):
+        load_space(path)
