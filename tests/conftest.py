@@ -83,11 +83,11 @@ def run_pipeline(script: str, args: list[str], address: str, timeout: float = 60
 
 @pytest.fixture(scope="session")
 def trained_reward_model(ray_cluster, tmp_path_factory) -> Path:
-    """The run folder of MiniLM-L6 trained for a few dozen steps on pairs built from GSM8K
+    """The run folder of MiniLM-L6 trained for 20 steps on pairs built from GSM8K
     train (held out: GSM8K test), by ``pipelines/reward_model.py`` on the test cluster."""
     out = tmp_path_factory.mktemp("rm")
     run_pipeline("reward_model.py", ["--dataset", str(GSM8K / "train.jsonl"), "--data.eval_path",
                                      str(GSM8K / "test.jsonl"), "--run.storage_path", str(out), "--run.name", "rm",
-                                     "--run.wandb_mode", "disabled", "--train.max_steps", "30",
+                                     "--run.wandb_mode", "disabled", "--train.max_steps", "20",
                                      "--train.max_eval_pairs", "96"], ray_cluster, timeout=900)
     return out / "rm"

@@ -99,3 +99,26 @@ def test_unknown_pipeline_is_named(tmp_path):
     path = _write(tmp_path, {"optim.lr": {"uniform": [0.1, 0.2]}}, pipeline="ppo")
     with pytest.raises(ConfigError, match="pipeline"):
         load_space(path)
+
+
+def test_random_and_grid_search_carry_the_concurrency_limit(tmp_path):
+    # Tune wraps only Searchers in a ConcurrencyLimiter; the basic variant generator must get
+    # max_concurrent itself, or every sampled trial starts at once.
+    from raypost.tune.sweep import search_alg
+
+    for kind in ("random", "grid"):
+        space = load_space(_write(tmp_path, {"optim.lr": {"choice": [0.1, 0.2]}}, search={"type": kind},
+                                  max_concurrent_trials=3))
+        assert search_alg(space).max_concurrent == 3
+
+
+def test_eval_loss_needs_an_eval_at_every_checkpoint(tmp_path):
+    from raypost.tune.sweep import check_metric_cadence
+
+    params = {"optim.lr": {"choice": [0.1, 0.2]}}
+    ok = load_space(_write(tmp_path, params, base={"train": {"eval_every": 5}, "run": {"checkpoint_every": 10}}))
+    check_metric_cadence(ok)
+    bad = load_space(_write(tmp_path, params, base={"train": {"eval_every": 4}, "run": {"checkpoint_every": 10}}))
+    with pytest.raises(ConfigError, match=r"base.run.checkpoint_every \(10\) must be a multiple of "
+                                          r"base.train.eval_every \(4\)"):
+        check_metric_cadence(bad)

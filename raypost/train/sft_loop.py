@@ -102,23 +102,23 @@ def sft_loop(config: dict[str, Any]) -> None:
             log_samples(config["run_dir"], state.step, batch["sample_ids"])
         window_tokens += tokens
         last = state.step >= total
-        if state.step % cfg.run.log_every == 0 or last:
+        logged = state.step % cfg.run.log_every == 0 or last
+        if logged:
             loss_g, tok_g = _all_sum(loss, window_tokens)
             dt = time.time() - window_t0
             metrics = {"phase": "sft", "loss": loss_g / world, "tokens_per_s": tok_g / max(dt, 1e-9),
                        "lr": engine.get_lr()[0]}
-            if cfg.train.eval_every and state.step % cfg.train.eval_every == 0:
-                metrics["eval_loss"] = eval_loss(engine, tokenizer.pad_token_id, rank, world,
-                                                 cfg.optim.micro_batch_size)
+            window_tokens, window_t0 = 0.0, time.time()
+        if last or (cfg.train.eval_every and state.step % cfg.train.eval_every == 0):
+            # its own cadence: a checkpoint's report carries the eval loss even between log lines
+            metrics["eval_loss"] = eval_loss(engine, tokenizer.pad_token_id, rank, world, cfg.optim.micro_batch_size)
+            if not logged:
+                logger.log({"phase": "sft", "eval_loss": metrics["eval_loss"]}, state.step)
+        if logged:
             logger.log(metrics, state.step)
             if rank == 0:
                 log.info(progress.line(state.step, {k: v for k, v in metrics.items() if k != "phase"}))
-            window_tokens, window_t0 = 0.0, time.time()
         if last or state.step % cfg.run.checkpoint_every == 0:
-            if last:
-                metrics["eval_loss"] = eval_loss(engine, tokenizer.pad_token_id, rank, world,
-                                                 cfg.optim.micro_batch_size)
-                logger.log({"phase": "sft", "eval_loss": metrics["eval_loss"]}, state.step)
             exporter = checkpointing.hf_exporter(engine, cfg.deepspeed.zero_stage, tokenizer, rank) if last else None
             checkpointing.save_and_report(engine, state, {"step": state.step, **metrics}, rank, exporter)
         if last:

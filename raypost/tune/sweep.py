@@ -34,10 +34,24 @@ def trial_resources(space: SpaceFile) -> dict[str, float]:
     return need
 
 
+def check_metric_cadence(space: SpaceFile) -> None:
+    """Every report (one per checkpoint) must carry the metric: SFT computes eval_loss every
+    train.eval_every steps, so checkpoints must fall on those steps."""
+    if space.pipeline != "sft" or space.metric != "eval_loss":
+        return
+    cfg = trial_config(space, {})
+    every, ckpt = cfg.train.eval_every, cfg.run.checkpoint_every
+    if every is None or ckpt % every:
+        raise ConfigError(f"metric eval_loss is reported with each checkpoint, so base.run.checkpoint_every ({ckpt}) "
+                          f"must be a multiple of base.train.eval_every ({every}); set both, e.g. to 10")
+
+
 def check_sweep(space: SpaceFile) -> None:
-    """Fail before anything starts if max_concurrent_trials trials cannot run at once."""
+    """Fail before anything starts if the metric is not reported at every checkpoint, or if
+    max_concurrent_trials trials cannot run at once."""
     from raypost.utils.cluster import check_resources
 
+    check_metric_cadence(space)
     if space.pipeline == "grpo" and space.max_concurrent_trials > 1:
         raise ConfigError("grpo sweeps run one trial at a time (each trial owns the 'rollout' and 'reward' "
                           "Serve apps); set max_concurrent_trials: 1")
@@ -59,17 +73,17 @@ def scheduler(space: SpaceFile) -> Any:
 
 
 def search_alg(space: SpaceFile) -> Any:
-    """None for random/grid (Tune's basic variant generator), else the optional searcher."""
+    """Tune's basic variant generator for random/grid (it takes the concurrency limit itself:
+    Tune wraps only Searchers in a ConcurrencyLimiter), else the optional searcher."""
+    from ray.tune.search import BasicVariantGenerator
+
     kind = space.search.type
     if kind == "grid":
         loose = [k for k, d in space.params.items() if d.kind not in ("grid", "choice")]
         if loose:
             raise ConfigError(f"search: grid needs grid or choice for every param; {', '.join(loose)} are not")
-        return None
-    if kind == "random":
-        from ray.tune.search import BasicVariantGenerator
-
-        return BasicVariantGenerator(random_state=space.search.seed)
+    if kind in ("grid", "random"):
+        return BasicVariantGenerator(random_state=space.search.seed, max_concurrent=space.max_concurrent_trials)
     try:
         if kind == "optuna":
             from ray.tune.search.optuna import OptunaSearch
