@@ -28,13 +28,20 @@ def _sft(cfg: SFTConfig, run_dir: Path) -> None:
 
 def _grpo(cfg: GRPOConfig, run_dir: Path) -> None:
     """GRPO from the sweep's shared warm-up model (see ``shared_warmup``)."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
     from raypost.phases import data as data_phase
     from raypost.phases import grpo as grpo_phase
 
     grpo_phase.check_placement(cfg)
     model_path, data = data_phase.prepare(cfg.data, cfg.model, run_dir)
     grpo_phase.reset_weights(cfg)
-    grpo_phase.deploy(cfg, model_path, grpo_phase.weights_dir_for(cfg))
+    # Tune captures a trial's child actors into its placement group, where Serve's controller
+    # and replicas do not fit: deploy from a task scheduled outside it.
+    outside = PlacementGroupSchedulingStrategy(placement_group=None)
+    deploy = ray.remote(num_cpus=0, scheduling_strategy=outside)(grpo_phase.deploy)
+    ray.get(deploy.remote(cfg, model_path, grpo_phase.weights_dir_for(cfg)))
     grpo_phase.train(cfg, model_path, data, run_dir)
 
 
