@@ -122,3 +122,20 @@ def test_eval_loss_needs_an_eval_at_every_checkpoint(tmp_path):
     with pytest.raises(ConfigError, match=r"base.run.checkpoint_every \(10\) must be a multiple of "
                                           r"base.train.eval_every \(4\)"):
         check_metric_cadence(bad)
+
+
+@pytest.mark.parametrize("path", SPACES, ids=lambda p: p.name)
+def test_shipped_spaces_report_their_metric_at_every_checkpoint(path: Path):
+    from raypost.tune.sweep import check_metric_cadence
+
+    check_metric_cadence(load_space(path))
+
+
+def test_trial_resources_add_the_learner_serve_replicas_and_trial_actor():
+    from raypost.tune.sweep import trial_resources
+
+    # grpo_quick: learner 2 workers x 0.5 CPU, one rollout replica 0.5, one reward replica 0.25,
+    # the trial's own actor 0.1
+    assert trial_resources(load_space(ROOT / "tune_spaces" / "grpo_quick.yaml"))["CPU"] == pytest.approx(1.85)
+    # sft_quick: 1 worker x 0.5 CPU + 0.1
+    assert trial_resources(load_space(ROOT / "tune_spaces" / "sft_quick.yaml"))["CPU"] == pytest.approx(0.6)

@@ -16,7 +16,7 @@ from raypost.phases.data import PreparedData
 from raypost.phases.sft import run_sft
 from raypost.train import checkpointing
 from raypost.train.grpo_loop import grpo_loop
-from raypost.train.trainer import fit, worker_resources
+from raypost.train.trainer import fit, learner_request
 from raypost.utils.cluster import check_resources
 
 log = logging.getLogger("raypost")
@@ -45,14 +45,19 @@ def serve_resources(cfg: GRPOConfig) -> tuple[float, float]:
     return cfg.rollout.cpus_per_replica, cfg.reward.cpus_per_replica
 
 
-def check_placement(cfg: GRPOConfig) -> None:
+def placement_requests(cfg: GRPOConfig) -> dict[str, dict[str, float]]:
+    """What the job reserves, by the config section that sets it."""
     rollout_cpus, reward_cpus = serve_resources(cfg)
-    check_resources({
-        "resources (learner)": {k: v * cfg.resources.num_workers for k, v in worker_resources(cfg.resources).items()},
+    return {
+        "resources (learner)": learner_request(cfg.resources),
         "rollout (vLLM replicas)": {"CPU": rollout_cpus * cfg.rollout.num_replicas,
                                     "GPU": cfg.rollout.gpus_per_replica * cfg.rollout.num_replicas},
         "reward (replicas)": {"CPU": reward_cpus * (cfg.reward.autoscale_max_replicas or cfg.reward.num_replicas)},
-    })
+    }
+
+
+def check_placement(cfg: GRPOConfig) -> None:
+    check_resources(placement_requests(cfg))
 
 
 def deploy(cfg: GRPOConfig, model_path: str, weights_dir: str) -> None:

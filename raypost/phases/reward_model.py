@@ -17,7 +17,7 @@ from raypost.data import preprocess
 from raypost.data.preference import TokenizePairs, build_pairs, pair_schema
 from raypost.train import checkpointing
 from raypost.train.rm_loop import rm_loop
-from raypost.train.trainer import fit, worker_resources
+from raypost.train.trainer import fit, learner_request
 from raypost.utils.cluster import check_resources
 
 log = logging.getLogger("raypost")
@@ -77,8 +77,7 @@ def plan_steps(cfg: RewardModelConfig, num_pairs: int) -> int:
 def train(cfg: RewardModelConfig, model_path: str, train_ds: ray.data.Dataset, eval_ds: ray.data.Dataset,
           run_dir: Path) -> tuple[str, float, dict[str, Any]]:
     """Bradley-Terry training; returns (HF export path, wall seconds, last metrics)."""
-    check_resources({"resources (learner)": {k: v * cfg.resources.num_workers
-                                             for k, v in worker_resources(cfg.resources).items()}})
+    check_resources({"resources (learner)": learner_request(cfg.resources)})
     total = plan_steps(cfg, train_ds.count())
     order = preprocess.epoch_order(train_ds.drop_columns(TEXT_COLUMNS), cfg.train.epochs, cfg.run.seed).materialize()
     held_out = eval_ds.limit(cfg.train.max_eval_pairs).materialize()

@@ -14,7 +14,7 @@ from raypost.eval import remote_accuracy
 from raypost.phases.data import PreparedData
 from raypost.train import checkpointing
 from raypost.train.sft_loop import sft_loop
-from raypost.train.trainer import fit, worker_resources
+from raypost.train.trainer import fit, learner_request
 from raypost.utils.cluster import check_resources
 
 log = logging.getLogger("raypost")
@@ -40,8 +40,7 @@ def plan_steps(cfg: SFTConfig, num_rows: int) -> int:
 
 def run_sft(cfg: SFTConfig, model_path: str, data: PreparedData, run_dir: Path) -> SFTResult:
     """Train; returns the exported HF model (inside the final checkpoint) and its metrics."""
-    check_resources({"resources (learner)": {k: v * cfg.resources.num_workers
-                                             for k, v in worker_resources(cfg.resources).items()}})
+    check_resources({"resources (learner)": learner_request(cfg.resources)})
     rows = preprocess.sft_rows(data.train, cfg.data, cfg.train.epochs, cfg.run.seed)
     eval_rows = preprocess.sft_rows(data.eval, cfg.data.model_copy(update={"pack": False}), 1, cfg.run.seed)
     total = plan_steps(cfg, rows.count())

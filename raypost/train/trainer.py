@@ -24,6 +24,11 @@ def worker_resources(res: ResourcesConfig) -> dict[str, float]:
     return out
 
 
+def learner_request(res: ResourcesConfig) -> dict[str, float]:
+    """What the whole learner (every worker) reserves."""
+    return {k: v * res.num_workers for k, v in worker_resources(res).items()}
+
+
 def fit(loop: Callable[[dict[str, Any]], None], loop_config: dict[str, Any], res: ResourcesConfig,
         run: RunConfig, datasets: dict[str, ray.data.Dataset], name: str | None = None) -> ray.train.Result:
     """TorchTrainer.fit(); re-running with the same run name and storage resumes.

@@ -15,20 +15,18 @@ log = logging.getLogger("raypost")
 def trial_resources(space: SpaceFile) -> dict[str, float]:
     """Resources one running trial holds: its function actor, the learner, and (GRPO) the
     Serve replicas. The largest over every value the space can set."""
-    from raypost.train.trainer import worker_resources
+    from raypost.phases.grpo import placement_requests
+    from raypost.train.trainer import learner_request
 
     variants = [{}] + [{k: v} for k, d in space.params.items() for v in d.samples()]
     need: dict[str, float] = {"CPU": 0.0}
     for params in variants:
         cfg = trial_config(space, params)
+        parts = placement_requests(cfg) if space.pipeline == "grpo" else {"learner": learner_request(cfg.resources)}
         req = {"CPU": space.cpus_per_trial_driver}
-        for key, amount in worker_resources(cfg.resources).items():
-            req[key] = req.get(key, 0.0) + amount * cfg.resources.num_workers
-        if space.pipeline == "grpo":
-            from raypost.phases.grpo import serve_resources
-
-            rollout, reward = serve_resources(cfg)
-            req["CPU"] += rollout * cfg.rollout.num_replicas + reward * cfg.reward.num_replicas
+        for part in parts.values():
+            for key, amount in part.items():
+                req[key] = req.get(key, 0.0) + amount
         for key, amount in req.items():
             need[key] = max(need.get(key, 0.0), amount)
     return need
