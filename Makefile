@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.raypost-installed
 EXTRAS ?= cpu,test
 
-.PHONY: setup run test bench clean-venv
+.PHONY: setup redis run test bench chaos clean-venv
 
 setup: $(STAMP)
 
@@ -27,8 +27,14 @@ MAIN ?= pipelines/sft.py
 run: setup
 	$(PY) $(MAIN) $(ARGS)
 
+# Debian's redis-server: the GCS store of the head-node recovery tests and drills.
+SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
+redis:
+	@command -v redis-server >/dev/null || $(SUDO) apt-get install -y -q redis-server \
+	  || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q redis-server; }
+
 # The whole test suite.
-test: setup
+test: setup redis
 	$(PY) -m pytest tests -q -p no:cacheprovider $(PYTEST_ARGS)
 
 bench: setup
@@ -36,6 +42,10 @@ bench: setup
 	$(PY) benchmarks/rollout_throughput.py --shape tiny
 	$(PY) benchmarks/rollout_throughput.py --shape 100m --prompts 8 --n 8 --max-tokens 128
 	$(PY) benchmarks/reward_load.py --clients 1 8 16 32 --seconds 30 --replicas 1 2 --autoscale
+
+# Recovery drills (faults injected into real runs); table + benchmarks/out/chaos.json.
+chaos: setup redis
+	$(PY) benchmarks/chaos.py
 
 clean-venv:
 	rm -rf $(VENV)

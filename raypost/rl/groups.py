@@ -106,11 +106,3 @@ def cycle_rows(rows: Iterator[dict]) -> Callable[[int], list[dict]]:
         return out
 
     return take
-
-
-def log_trained(run_dir: str, step: int, sample_ids: list[str]) -> None:
-    """Append the samples a step trained on (resume must neither skip nor repeat prompts)."""
-    import json
-
-    with open(f"{run_dir}/trained_samples.jsonl", "a") as fh:
-        fh.write(json.dumps({"step": step, "ids": sample_ids}) + "\n")

@@ -166,5 +166,13 @@ def build_app(model_path: str, cfg: RolloutConfig) -> serve.Application:
     resources: dict[str, Any] = {"num_cpus": cfg.cpus_per_replica}
     if cfg.gpus_per_replica:
         resources["num_gpus"] = cfg.gpus_per_replica
-    return RolloutServer.options(num_replicas=cfg.num_replicas, ray_actor_options=resources,
+    if cfg.autoscale_max_replicas is None:
+        scale: dict[str, Any] = {"num_replicas": cfg.num_replicas}
+    else:
+        from raypost.serve.scaling import autoscaling_config
+
+        scale = {"autoscaling_config": autoscaling_config(cfg.num_replicas, cfg.autoscale_max_replicas,
+                                                          cfg.target_ongoing_requests, cfg.upscale_delay_s,
+                                                          cfg.downscale_delay_s)}
+    return RolloutServer.options(**scale, ray_actor_options=resources,
                                  max_ongoing_requests=1024).bind(model_path, cfg.model_dump(mode="json"))

@@ -16,6 +16,7 @@ import ray.train
 
 DS_TAG = "ds"
 STATE_FILE = "controller_state.json"
+SAMPLES_FILE = "trained_samples.jsonl"
 METRICS_FILE = "metrics.json"
 HF_DIR = "hf"
 
@@ -61,6 +62,31 @@ def restore(engine: Any) -> ControllerState:
         if client and "controller" in client:
             return ControllerState.from_dict(client["controller"])
         return ControllerState.from_dict(json.loads((Path(d) / STATE_FILE).read_text()))
+
+
+def log_trained(run_dir: str | Path, step: int, sample_ids: list[str]) -> None:
+    """Append which samples ``step`` trained on: the record that resume neither skips nor repeats."""
+    with open(Path(run_dir) / SAMPLES_FILE, "a") as fh:
+        fh.write(json.dumps({"step": step, "ids": sample_ids}) + "\n")
+
+
+def rewind_logs(run_dir: str | Path, step: int, phase: str) -> int:
+    """After a restore at ``step``, drop the lines of later steps from ``trained_samples.jsonl``
+    and (for ``phase``) ``metrics.jsonl``: they were trained after the checkpoint by a model state
+    that the failure discarded, and are trained again. The logs then say what the surviving
+    model learned from, each sample once. Returns how many lines were dropped."""
+    dropped = 0
+    for name, stale in ((SAMPLES_FILE, lambda r: r["step"] > step),
+                        ("metrics.jsonl", lambda r: r.get("phase") == phase and r["step"] > step)):
+        path = Path(run_dir) / name
+        if not path.exists():
+            continue
+        lines = path.read_text().splitlines()
+        keep = [x for x in lines if not stale(json.loads(x))]
+        if len(keep) < len(lines):
+            path.write_text("".join(f"{x}\n" for x in keep))
+            dropped += len(lines) - len(keep)
+    return dropped
 
 
 def finished_checkpoint(run_dir: str | Path) -> Path | None:

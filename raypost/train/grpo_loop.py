@@ -121,6 +121,10 @@ def grpo_loop(config: dict[str, Any]) -> None:
     rank, world, tok, engine = setup_learner(cfg, config["model_path"], optim, cfg.algo.steps)
     ref = load_causal_lm(config["model_path"]).eval() if cfg.algo.beta > 0 else None
     state = checkpointing.restore(engine)
+    if rank == 0 and state.step:
+        dropped = checkpointing.rewind_logs(config["run_dir"], state.step, "grpo")
+        log.info("resumed at step %d (cursor %d, weight version %d); %d log lines after it rewound",
+                 state.step, state.cursor, state.weight_version, dropped)
     controller = _setup_controller(cfg, state, config) if rank == 0 else None
     _push(engine, cfg, state.weight_version, config["weights_dir"], rank)  # replicas serve the restored weights
     logger = MetricsLogger(config["run_dir"], rank == 0, cfg.run.wandb_mode, run_name=cfg.run.name,
@@ -141,7 +145,7 @@ def grpo_loop(config: dict[str, Any]) -> None:
                        gen_tokens_per_s=sum(len(s["ids"]) - s["start"] for s in seqs) / max(metrics["generate_s"], 1e-9))
         if rank == 0:
             logger.log(metrics, state.step)
-            G.log_trained(config["run_dir"], state.step, [s["sample_id"] for s in seqs])
+            checkpointing.log_trained(config["run_dir"], state.step, [s["sample_id"] for s in seqs])
             if state.step % cfg.run.log_every == 0 or state.step == cfg.algo.steps:
                 log.info(progress.line(state.step, {k: metrics[k] for k in ("reward_mean", "accuracy", "loss",
                                                                               "gen_tokens_per_s", "step_s")}))

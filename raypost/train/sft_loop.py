@@ -7,7 +7,6 @@ controller's ``cursor`` (global batches consumed) makes resume exact.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any
@@ -69,13 +68,6 @@ def train_step(engine: Any, rows: list[dict[str, Any]], pad_id: int, micro: int)
     return loss_sum / max(1, supervised), tokens
 
 
-def log_samples(run_dir: str, step: int, sample_ids: Any) -> None:
-    """Append which examples this step trained on (proves exact resume: no skip, no repeat)."""
-    ids = [i for packed in sample_ids for i in str(packed).split(",")]
-    with open(f"{run_dir}/trained_samples.jsonl", "a") as fh:
-        fh.write(json.dumps({"step": step, "ids": ids}) + "\n")
-
-
 def sft_loop(config: dict[str, Any]) -> None:
     """Ray Train entry: ``config`` = {cfg: SFTConfig dict, model_path, run_dir, total_steps}."""
     cfg = SFTConfig.model_validate(config["cfg"])
@@ -83,7 +75,8 @@ def sft_loop(config: dict[str, Any]) -> None:
     rank, world, tokenizer, engine = setup_learner(cfg, config["model_path"], cfg.optim, total)
     state = checkpointing.restore(engine)
     if rank == 0 and state.step:
-        log.info("resumed at step %d (cursor %d)", state.step, state.cursor)
+        dropped = checkpointing.rewind_logs(config["run_dir"], state.step, "sft")
+        log.info("resumed at step %d (cursor %d); %d log lines after it rewound", state.step, state.cursor, dropped)
     logger = MetricsLogger(config["run_dir"], rank == 0, cfg.run.wandb_mode, run_name=cfg.run.name,
                            config=config["cfg"])
     progress = Progress(total, state.step, "sft")
@@ -99,7 +92,9 @@ def sft_loop(config: dict[str, Any]) -> None:
                                   cfg.optim.micro_batch_size)
         state.step, state.cursor = state.step + 1, index + 1
         if rank == 0:
-            log_samples(config["run_dir"], state.step, batch["sample_ids"])
+            # packed rows carry "id1,id2,...": log every example
+            ids = [i for packed in batch["sample_ids"] for i in str(packed).split(",")]
+            checkpointing.log_trained(config["run_dir"], state.step, ids)
         window_tokens += tokens
         last = state.step >= total
         logged = state.step % cfg.run.log_every == 0 or last

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,6 +19,10 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import psutil
 
 
 def free_port() -> int:
@@ -34,9 +39,14 @@ class LocalHead:
     num_cpus: int = 4
     temp_dir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="rph", dir="/tmp"))
     redis_address: str | None = None
+    # True: `ray start --block`, which tears the whole head down when any of its processes dies
+    # (tests want that). False: the processes outlive `ray start`, so the GCS alone can be killed
+    # and restarted (recovery drills); stop() reaches them through their process group either way.
+    block: bool = True
     gcs_port: int = field(default_factory=free_port)
     dashboard_port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
+    extra_procs: list[subprocess.Popen] = field(default_factory=list)
 
     @property
     def address(self) -> str:
@@ -53,7 +63,7 @@ class LocalHead:
 
     def command(self) -> list[str]:
         ray_bin = str(Path(sys.executable).with_name("ray"))
-        return [ray_bin, "start", "--head", "--block", "--node-ip-address", "127.0.0.1",
+        return [ray_bin, "start", "--head", *(["--block"] if self.block else []), "--node-ip-address", "127.0.0.1",
                 "--port", str(self.gcs_port), "--num-cpus", str(self.num_cpus), "--temp-dir", self.temp_dir,
                 "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
                 "--dashboard-port", str(self.dashboard_port), "--disable-usage-stats",
@@ -72,7 +82,7 @@ class LocalHead:
                                          start_new_session=True)
         deadline = time.time() + timeout
         while time.time() < deadline:
-            if self.proc.poll() is not None:
+            if self.proc.poll() not in (None, *([] if self.block else [0])):
                 raise RuntimeError(f"ray start exited with {self.proc.returncode}; see {log}")
             if self._dashboard_up():
                 return self
@@ -90,20 +100,55 @@ class LocalHead:
             return False
 
     def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM the head's process group (ray start --block stops its children), then SIGKILL."""
-        if self.proc is None or self.proc.poll() is not None and not _group_alive(self.proc.pid):
-            return
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+        """SIGTERM the head's process group (ray start --block stops its children), then SIGKILL;
+        a GCS started by ``restart_gcs`` is stopped the same way."""
+        for extra in self.extra_procs:
+            _stop_group(extra, timeout)
+        self.extra_procs.clear()
+        if self.proc is not None:
+            _stop_group(self.proc, timeout)
+
+    def crash(self) -> None:
+        """SIGKILL every process of the head at once (a node failure, not a shutdown)."""
+        for proc in (*self.extra_procs, self.proc):
+            if proc is not None:
+                _stop_group(proc, timeout=0.0, signals=(signal.SIGKILL,))
+        self.extra_procs.clear()
+
+    def gcs_process(self) -> "psutil.Process":
+        """This head's ``gcs_server``: the one in its process group, or one restart_gcs started."""
+        import psutil
+
+        groups = {p.pid for p in (self.proc, *self.extra_procs) if p is not None}
+        for proc in psutil.process_iter(["name"]):
             try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                return
-            deadline = time.time() + wait
-            while time.time() < deadline and _group_alive(self.proc.pid):
-                self.proc.poll()
-                time.sleep(0.5)
-            if not _group_alive(self.proc.pid):
-                return
+                if (proc.info["name"] == "gcs_server" and os.getpgid(proc.pid) in groups
+                        and proc.status() != psutil.STATUS_ZOMBIE):
+                    return proc
+            except (psutil.NoSuchProcess, ProcessLookupError):
+                continue
+        raise RuntimeError(f"no gcs_server runs under this head (temp dir {self.temp_dir})")
+
+    def kill_gcs(self) -> tuple[list[str], dict[str, str], str]:
+        """SIGKILL only the GCS (needs ``block=False``: ``ray start --block`` would tear the whole
+        head down). Returns what ``restart_gcs`` needs. SIGTERM is no substitute: a GCS under
+        load was seen to hang in its graceful shutdown for over a minute."""
+        if self.block:
+            raise RuntimeError("kill_gcs needs LocalHead(block=False)")
+        proc = self.gcs_process()
+        spec = (proc.cmdline(), proc.environ(), proc.cwd())
+        proc.kill()
+        _wait_exited(proc, 30.0)
+        return spec
+
+    def restart_gcs(self, spec: tuple[list[str], dict[str, str], str]) -> None:
+        """Start the GCS again with the same command line; with Redis it reloads its tables and
+        the raylet reconnects (within ``RAY_gcs_rpc_server_reconnect_timeout_s``, 60 s)."""
+        cmd, env, cwd = spec
+        log = Path(self.temp_dir) / "gcs_restart.log"
+        with log.open("ab") as fh:
+            self.extra_procs.append(subprocess.Popen(cmd, env=env, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT,
+                                                     start_new_session=True))
 
     def __enter__(self) -> "LocalHead":
         return self.start()
@@ -112,14 +157,106 @@ class LocalHead:
         self.stop()
 
 
+@dataclass
+class LocalRedis:
+    """Debian's ``redis-server`` on 127.0.0.1 at a free port, with its data in its own folder:
+    the GCS store of a fault-tolerant head (``LocalHead(redis_address=redis.address)``)."""
+
+    port: int = field(default_factory=free_port)
+    data_dir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="rpr", dir="/tmp"))
+    proc: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> "LocalRedis":
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed; `make redis` installs Debian's redis-server")
+        self.proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(self.port), "--dir", self.data_dir,
+                                      "--save", "", "--appendonly", "yes", "--protected-mode", "yes"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as conn:
+                    conn.sendall(b"PING\r\n")
+                    if conn.recv(16).startswith(b"+PONG"):
+                        return self
+            except OSError:
+                time.sleep(0.2)
+        self.stop()
+        raise TimeoutError(f"redis-server did not answer on {self.address} in {timeout:.0f} s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> "LocalRedis":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _stop_group(proc: subprocess.Popen, timeout: float,
+                signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGKILL)) -> None:
+    """Signal a process group started with start_new_session: SIGTERM, then SIGKILL after ``timeout``."""
+    if proc.poll() is not None and not _group_alive(proc.pid):
+        return
+    for sig in signals:
+        wait = timeout if sig == signal.SIGTERM else 10.0
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.time() + wait
+        while time.time() < deadline and _group_alive(proc.pid):
+            proc.poll()
+            time.sleep(0.5)
+        if not _group_alive(proc.pid):
+            return
+
+
+def _wait_exited(proc: "psutil.Process", timeout: float) -> None:
+    """Wait until ``proc`` is gone or a zombie (exited; its parent may never reap it)."""
+    import psutil
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"process {proc.pid} still runs {timeout:.0f} s after it was killed")
+
+
 def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (zombies, exited but never reaped, don't count)."""
+    import psutil
+
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                return True
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            continue
+    return False
 
 
 def main(argv: list[str] | None = None) -> None:

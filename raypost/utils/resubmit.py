@@ -1,0 +1,117 @@
+"""Re-submit a Ray job until it succeeds: the automatic path after a head-node loss.
+
+The driver of a Ray job runs on the head and dies with it. With GCS fault tolerance the
+cluster comes back, but the job does not. This wrapper submits the job, waits for it, and
+when it fails or the head disappears, waits for the job server to answer again and submits
+the same entrypoint again. raypost pipelines resume from their latest checkpoint when run
+again with the same run.name and run.storage_path. KubeRay's RayJob does the same with
+``backoffLimit`` (cluster_configs/kuberay/rayjob-grpo.yaml).
+
+  python -m raypost.utils.resubmit --address http://127.0.0.1:8265 --working-dir . --max-attempts 5 \\
+      -- python pipelines/grpo.py --run.name my-grpo
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("raypost.resubmit")
+TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+
+
+@dataclass
+class Outcome:
+    """What happened: the final status and one entry per attempt (job id, status, seconds)."""
+
+    status: str = "NOT_STARTED"
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+
+
+def auth_headers() -> dict[str, str]:
+    """Ray's auth token as an HTTP header (RAY_AUTH_TOKEN, else ~/.ray/auth_token), passed
+    explicitly: Ray's client reads RAY_AUTH_MODE once per process, when it is first used."""
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        return {}
+    token = os.environ.get("RAY_AUTH_TOKEN")
+    path = Path.home() / ".ray" / "auth_token"
+    if not token and path.exists():
+        token = path.read_text().strip()
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _client(address: str, wait_s: float) -> Any:
+    """A JobSubmissionClient, once the job server answers (waits up to ``wait_s``)."""
+    from ray.job_submission import JobSubmissionClient
+
+    deadline = time.time() + wait_s
+    while True:
+        try:
+            return JobSubmissionClient(address, headers=auth_headers())
+        except Exception as err:  # connection refused while the head is down
+            if time.time() > deadline:
+                raise TimeoutError(f"the job server at {address} did not answer within {wait_s:.0f} s") from err
+            time.sleep(2.0)
+
+
+def _wait(client: Any, job_id: str, poll_s: float) -> str:
+    """The job's terminal status, or "LOST" when the job server stops answering."""
+    while True:
+        try:
+            status = str(client.get_job_status(job_id).value)
+        except Exception:  # the head went away under us
+            return "LOST"
+        if status in TERMINAL:
+            return status
+        time.sleep(poll_s)
+
+
+def submit_until_done(address: str, entrypoint: str, runtime_env: dict[str, Any] | None = None,
+                      max_attempts: int = 5, poll_s: float = 2.0, wait_head_s: float = 600.0) -> Outcome:
+    """Submit ``entrypoint`` until one attempt succeeds, a user stops it, or attempts run out."""
+    out = Outcome()
+    for attempt in range(1, max_attempts + 1):
+        client = _client(address, wait_head_s)
+        t0 = time.time()
+        job_id = client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env)
+        log.info("attempt %d/%d: submitted %s", attempt, max_attempts, job_id)
+        status = _wait(client, job_id, poll_s)
+        out.attempts.append({"job_id": job_id, "status": status, "seconds": round(time.time() - t0, 1)})
+        out.status = status
+        if status in ("SUCCEEDED", "STOPPED"):
+            return out
+        log.warning("attempt %d/%d ended %s; re-submitting the same command", attempt, max_attempts, status)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in argv:
+        sys.exit("usage: python -m raypost.utils.resubmit [options] -- ENTRYPOINT ...")
+    split = argv.index("--")
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--address", required=True, help="job server URL, e.g. http://127.0.0.1:8265")
+    parser.add_argument("--working-dir", default=None, help="uploaded as the job's working_dir")
+    parser.add_argument("--max-attempts", type=int, default=5)
+    parser.add_argument("--wait-head-s", type=float, default=600.0, help="how long to wait for a head to come back")
+    args = parser.parse_args(argv[:split])
+    if args.max_attempts < 1:
+        parser.error(f"--max-attempts must be >= 1, got {args.max_attempts}")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    import shlex
+
+    env = {"working_dir": args.working_dir} if args.working_dir else None
+    out = submit_until_done(args.address, shlex.join(argv[split + 1:]), env, args.max_attempts,
+                            wait_head_s=args.wait_head_s)
+    print(f"{out.status} after {len(out.attempts)} attempt(s): {out.attempts}", flush=True)
+    sys.exit(0 if out.status == "SUCCEEDED" else 1)
+
+
+if __name__ == "__main__":
+    main()
