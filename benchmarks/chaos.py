@@ -20,6 +20,9 @@ Drills:
   resubmit  a GRPO job on a head with GCS fault tolerance; the whole head is killed mid-run and
             started again, and raypost.utils.resubmit re-submits the same command until it
             succeeds. It resumes from the latest checkpoint.
+  resubmit-fresh  the same, but the head comes back on an empty Redis: the way back when the GCS
+            cannot reload its state (Ray 2.60 aborts reloading a running job's actors); the
+            re-submitted job redeploys its Serve apps and resumes from its checkpoint on storage.
   scale     a GRPO job with rollout autoscaling (1..2); `python -m raypost.serve.scaling
             --replicas 2`, then `--replicas 1`, while it trains.
 For the GRPO drills, a row reports steps lost (trained, then discarded by the restore), samples
@@ -292,16 +295,18 @@ def worker_drill(root: Path) -> dict[str, Any]:
                        ["--run.max_failures", "1", "--run.checkpoint_every", "3"], 4, root)
 
 
-def resubmit_drill(root: Path) -> dict[str, Any]:
-    """Kill the whole head mid-run; restart it on the same Redis; the wrapper re-submits."""
-    with LocalRedis() as redis:
+def resubmit_drill(root: Path, fresh_store: bool = False) -> dict[str, Any]:
+    """Kill the whole head mid-run; restart it on the same Redis (or, ``fresh_store``, on an
+    empty one: the way back when the GCS cannot reload its state); the wrapper re-submits."""
+    with LocalRedis() as redis, LocalRedis() as fresh:
         head = LocalHead(num_cpus=4, redis_address=redis.address, block=False).start()
         _auth_env(head)  # before Ray's job client is first imported: it reads the auth mode then
         from ray.job_submission import JobSubmissionClient
 
         from raypost.utils.resubmit import submit_until_done
 
-        job = GRPOJob(head, root, "head-restart-resubmit", 8, ["--run.checkpoint_every", "2"])
+        name = "head-restart-fresh-store" if fresh_store else "head-restart-resubmit"
+        job = GRPOJob(head, root, name, 8, ["--run.checkpoint_every", "2"])
         box: dict[str, Any] = {}
         wrapper = threading.Thread(target=lambda: box.update(out=submit_until_done(
             head.dashboard_url, job.entrypoint(), {"working_dir": str(ROOT)}, max_attempts=3, wait_head_s=300)))
@@ -311,13 +316,16 @@ def resubmit_drill(root: Path) -> dict[str, Any]:
             step_at_fault = max(r["step"] for r in job.steps_done())
             t_fault = time.time()
             head.crash()  # every process of the head at once: GCS, raylet, dashboard, the job's driver
+            if fresh_store:
+                head.redis_address = fresh.address
             head.start()
             wrapper.join(900)
             out = box["out"]
             logs = JobSubmissionClient(head.dashboard_url).get_job_logs(out.attempts[-1]["job_id"])
         finally:
             head.stop()
-    row = {"fault": "head restart + resubmit", "injected": 1, "survived": out.status == "SUCCEEDED",
+    fault = "head restart (fresh GCS store) + resubmit" if fresh_store else "head restart + resubmit"
+    row = {"fault": fault, "injected": 1, "survived": out.status == "SUCCEEDED",
            "attempts": len(out.attempts)}
     return {**row, **job.audit(t_fault, step_at_fault, logs)}
 
@@ -365,7 +373,8 @@ def scale_drill(root: Path) -> dict[str, Any]:
              "--rollout.downscale_delay_s", "0", "--rollout.upscale_delay_s", "0"]
     with LocalHead(num_cpus=4) as head:
         _auth_env(head)
-        job = GRPOJob(head, root, "rollout-1-2-1", 10, extra)
+        # long enough to outlast a second vLLM replica's start (~1 min) plus the scale-down
+        job = GRPOJob(head, root, "rollout-1-2-1", 100, extra)
         job_id = job.submit()
         job.wait_step(1, job_id)
         t_fault = time.time()
@@ -385,7 +394,8 @@ def scale_drill(root: Path) -> dict[str, Any]:
 
 DRILLS = {"gcs": lambda a: gcs_drill(a.outage_s), "head": lambda a: head_drill(),
           "replica": lambda a: replica_drill(a.root), "worker": lambda a: worker_drill(a.root),
-          "resubmit": lambda a: resubmit_drill(a.root), "scale": lambda a: scale_drill(a.root)}
+          "resubmit": lambda a: resubmit_drill(a.root), "resubmit-fresh": lambda a: resubmit_drill(a.root, True),
+          "scale": lambda a: scale_drill(a.root)}
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
@@ -402,7 +412,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     grpo = [r for r in results if "fault" in r]
     if grpo:
         cols = ["fault", "injected", "survived", "steps_lost", "samples_duplicated", "samples_lost", "recover_s"]
-        print(table("GRPO under faults (8 steps, grpo_smoke)", cols, [[r.get(c) for c in cols] for r in grpo]))
+        print(table("GRPO under faults (grpo_smoke)", cols, [[r.get(c) for c in cols] for r in grpo]))
     OUT.mkdir(exist_ok=True)
     (OUT / "chaos.json").write_text(json.dumps(results, indent=1))
     return results

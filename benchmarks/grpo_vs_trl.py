@@ -63,18 +63,19 @@ def run_raypost(args: argparse.Namespace, model: Path, out: Path) -> dict:
     return {"step_s": [r["step_s"] for r in steps], "reward": [r["reward_mean"] for r in steps],
             "gen_tokens": [r["response_len"] * args.prompts * args.group_size for r in steps],
             "phase_s": report["phase_s"], "job_wall_s": time.time() - t0,
-            "warm_model": json.loads((run / "warmup_done.json").read_text())["model_path"], "trained_ids": trained}
+            "warm_model": json.loads((run / "warmup_done.json").read_text())["model_path"], "trained_ids": trained,
+            "run": run}
 
 
-def prompt_rows(trained_ids: list[list[str]], group_size: int) -> list[dict]:
+def prompt_rows(run: Path, trained_ids: list[list[str]], group_size: int) -> list[dict]:
     """The prompts raypost trained on, in order, as a TRL conversational dataset with an answer column."""
-    from raypost.config.sections import SyntheticTaskConfig
-    from raypost.data import synthetic
+    from raypost.config import load_config
+    from raypost.config.grpo import GRPOConfig
     from raypost.data.answers import final_answer
+    from raypost.data.sources import synthetic_rows
 
-    s = SyntheticTaskConfig(num_train=NUM_TRAIN)
-    by_id = {r["id"]: r for r in synthetic.generate(s.num_train, s.seed, s.max_operand, s.two_step_fraction,
-                                                     prefix="train")}
+    data = load_config(GRPOConfig, [], path=run / "config.yaml").data  # the task raypost's run generated
+    by_id = {r["id"]: r for r in synthetic_rows(data, "train")}
     rows = []
     for ids in trained_ids:
         for sid in ids[::group_size]:
@@ -149,7 +150,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     model = model_for(args.shape)
     ours = run_raypost(args, model, out)
-    theirs = run_trl(args, ours["warm_model"], prompt_rows(ours["trained_ids"], args.group_size), out)
+    theirs = run_trl(args, ours["warm_model"], prompt_rows(ours["run"], ours["trained_ids"], args.group_size), out)
     rows = [summarize("raypost", ours, args.skip), summarize("TRL GRPOTrainer", theirs, args.skip)]
     ratio = rows[0]["median_step_s"] / rows[1]["median_step_s"]
     print(table(f"\nGRPO, {args.shape} model, {args.prompts} prompts x G={args.group_size}, {args.max_new_tokens} new "

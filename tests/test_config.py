@@ -58,6 +58,17 @@ def test_aliases_and_source_inference():
     assert cfg.model.path == "Qwen/Qwen2.5-0.5B-Instruct"
 
 
+def test_existing_local_paths_become_absolute(tmp_path, monkeypatch):
+    """Ray workers do not run in the driver's cwd: a relative local model or data path is made
+    absolute at the boundary; an HF id (no such local path) is kept."""
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "train.jsonl").write_text("")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(SFTConfig, ["--model.path", "ckpt", "--data.path", "train.jsonl", "--data.eval_path", "x.jsonl"])
+    assert (cfg.model.path, cfg.data.path) == (str(tmp_path / "ckpt"), str(tmp_path / "train.jsonl"))
+    assert cfg.data.eval_path == "x.jsonl"
+
+
 def test_path_required_for_file_sources():
     with pytest.raises(ConfigError, match="data.path is required"):
         load_config(SFTConfig, ["--data.source", "parquet"])

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from raypost.config.base import StrictModel
+
+
+def absolute_if_local(value: str | None) -> str | None:
+    """An existing local path made absolute (Ray workers do not share the driver's cwd); an HF
+    id or a missing path is kept as given."""
+    return str(Path(value).resolve()) if value is not None and Path(value).exists() else value
 
 
 class TinyModelConfig(StrictModel):
@@ -50,6 +57,8 @@ class ModelConfig(StrictModel):
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="Optional LoRA adapters.")
 
+    _local_path = field_validator("path")(absolute_if_local)
+
 
 class SyntheticTaskConfig(StrictModel):
     """The embedded arithmetic word-problem task (GSM8K-style, integer answers)."""
@@ -78,6 +87,8 @@ class DataConfig(StrictModel):
     max_seq_len: int = Field(256, ge=16, le=131072, description="Rows longer than this (prompt+answer tokens) are rejected.")
     pack: bool = Field(True, description="SFT: pack several examples into one max_seq_len row (attention kept per example).")
     synthetic: SyntheticTaskConfig = Field(default_factory=SyntheticTaskConfig, description="Synthetic task settings.")
+
+    _local_paths = field_validator("path", "eval_path")(absolute_if_local)
 
     @model_validator(mode="before")
     @classmethod
