@@ -48,6 +48,22 @@ def run_child(script: Path, args: list[str], env: dict[str, str] | None = None, 
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def step_timer(times: list[float]) -> Any:
+    """A transformers ``TrainerCallback`` that appends each optimizer step's wall seconds to ``times``."""
+    import time
+
+    from transformers import TrainerCallback
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            times.append(time.perf_counter() - self.t0)
+
+    return StepTimer()
+
+
 def table(title: str, header: list[str], rows: list[list[Any]]) -> str:
     widths = [max(len(str(h)), *(len(f"{r[i]}") for r in rows)) for i, h in enumerate(header)]
     line = lambda cells: "  ".join(f"{c!s:>{w}}" if i else f"{c!s:<{w}}" for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731

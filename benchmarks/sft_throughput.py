@@ -70,8 +70,9 @@ def bare_loop(model_path: Path, data: list[dict], batch: int, steps: int, warmup
 def trl_sft(model_path: Path, data: list[dict], batch: int, steps: int, warmup: int, out: Path) -> float:
     """TRL SFTTrainer on the same pre-tokenized rows (input_ids + labels), no shuffling."""
     from datasets import Dataset
-    from transformers import TrainerCallback
     from trl import SFTConfig as TRLConfig, SFTTrainer
+
+    from benchmarks.common import step_timer
 
     torch.set_num_threads(os.cpu_count() or 1)
     n = batch * (steps + warmup)
@@ -79,20 +80,13 @@ def trl_sft(model_path: Path, data: list[dict], batch: int, steps: int, warmup: 
     tokens = [sum(len(e["input_ids"]) for e in data[i * batch:(i + 1) * batch]) for i in range(steps + warmup)]
     times: list[float] = []
 
-    class Timer(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            times.append(time.perf_counter() - self.t0)
-
     args = TRLConfig(output_dir=str(out / "trl"), per_device_train_batch_size=batch, max_steps=steps + warmup,
                      learning_rate=LR, adam_beta2=0.95, max_grad_norm=1.0, lr_scheduler_type="constant",
                      max_length=256, packing=False, use_cpu=True, bf16=False, report_to="none", logging_steps=10**6,
                      save_strategy="no", dataloader_num_workers=0, dataloader_pin_memory=False, seed=0,
                      disable_tqdm=True, train_sampling_strategy="sequential")
     trainer = SFTTrainer(model=load_causal_lm(model_path), args=args, train_dataset=ds,
-                         processing_class=load_tokenizer(model_path), callbacks=[Timer()])
+                         processing_class=load_tokenizer(model_path), callbacks=[step_timer(times)])
     trainer.train()
     return statistics.median(t / dt for t, dt in zip(tokens[warmup:], times[warmup:]))
 

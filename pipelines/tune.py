@@ -35,7 +35,7 @@ from raypost.tune.space import load_space  # noqa: E402
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--pipeline", required=True, choices=["sft", "grpo"], help="Pipeline every trial runs.")
+    p.add_argument("--pipeline", required=True, choices=["sft", "grpo", "distill"], help="Pipeline every trial runs.")
     p.add_argument("--space", required=True, help="Search space YAML (tune_spaces/*.yaml).")
     p.add_argument("--name", default=None, help="Sweep name (default: tune-<space file stem>); the resume key.")
     p.add_argument("--storage", default="runs", help="Folder that holds the sweep folder.")
@@ -61,8 +61,8 @@ def main(argv: list[str]) -> dict:
     sweep_dir.mkdir(parents=True, exist_ok=True)
     sweep.check_sweep(space)
 
-    # GRPO: one SFT warm-up shared by every trial.
-    space = trials.shared_warmup(space, sweep_dir)
+    # Done once for every trial: GRPO's SFT warm-up, distillation's teacher.
+    space = trials.shared_start(space, sweep_dir)
 
     # The sweep itself; restored if this folder holds an interrupted one.
     results = sweep.run_sweep(space, sweep_dir)

@@ -105,6 +105,25 @@ def test_push_then_parity_with_transformers(rollout):
     assert [g["completions"][0]["token_ids"] for g in got2] == [ids for ids, _ in want2]
 
 
+def test_teacher_scoring_matches_transformers(rollout):
+    """score(): per-token log-probs of given sequences and the top-k (on-policy distillation's teacher)."""
+    from ray import serve
+
+    from raypost.serve.rollout_client import RolloutClient
+
+    w = perturbed(rollout["model"], 0.05, seed=3)
+    RolloutClient("rollout", rollout["cfg"].weights_dir).update_weights(3, w)
+    prompts = prompts_for(rollout["model"])
+    want = hf_greedy(rollout["model"], w, prompts, 12)
+    got = serve.get_app_handle("rollout").score.remote([p + ids for p, (ids, _) in zip(prompts, want)],
+                                                       [len(p) for p in prompts], 3).result()
+    for g, (ids, lps) in zip(got, want):
+        assert len(g["logprobs"]) == len(ids) and max(abs(a - b) for a, b in zip(g["logprobs"], lps)) < 1e-3
+        assert [row[0] for row in g["top_ids"]] == ids  # greedy tokens are the teacher's top-1
+        assert all(len(r) == 3 and r[0] >= r[1] >= r[2] for r in g["top_logprobs"])
+        assert [row[0] for row in g["top_logprobs"]] == pytest.approx(g["logprobs"], abs=1e-5)
+
+
 def test_sampling_n_and_seed(rollout):
     from raypost.serve.rollout_client import RolloutClient
 

@@ -28,8 +28,8 @@ def test_every_shipped_space_loads(path: Path):
             assert getattr(node, field) == value
 
 
-def test_spaces_cover_sft_and_grpo():
-    assert {load_space(p).pipeline for p in SPACES} == {"sft", "grpo"}
+def test_spaces_cover_every_sweepable_pipeline():
+    assert {load_space(p).pipeline for p in SPACES} == {"sft", "grpo", "distill"}
 
 
 def _write(tmp_path: Path, params: dict, **extra) -> Path:
@@ -139,3 +139,5 @@ def test_trial_resources_add_the_learner_serve_replicas_and_trial_actor():
     assert trial_resources(load_space(ROOT / "tune_spaces" / "grpo_quick.yaml"))["CPU"] == pytest.approx(1.85)
     # sft_quick: 1 worker x 0.5 CPU + 0.1
     assert trial_resources(load_space(ROOT / "tune_spaces" / "sft_quick.yaml"))["CPU"] == pytest.approx(0.6)
+    # distill_quick: the learner (1 x 0.5) and the teacher pass (0.5) take turns, + 0.1
+    assert trial_resources(load_space(ROOT / "tune_spaces" / "distill_quick.yaml"))["CPU"] == pytest.approx(0.6)

@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from raypost.config.base import ConfigError, StrictModel, build, load_yaml
+from raypost.config.distill import DistillConfig
 from raypost.config.grpo import GRPOConfig
 from raypost.config.pipelines import SFTConfig
 from raypost.config.reward_model import RewardModelConfig
 
-PIPELINE_CONFIGS: dict[str, type[StrictModel]] = {"sft": SFTConfig, "grpo": GRPOConfig,
+PIPELINE_CONFIGS: dict[str, type[StrictModel]] = {"sft": SFTConfig, "grpo": GRPOConfig, "distill": DistillConfig,
                                                   "reward_model": RewardModelConfig}
 
 

@@ -38,18 +38,21 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int):
                                    chat_template=CHAT_TEMPLATE, model_max_length=1 << 20)
 
 
-def build_tiny_model(cfg: TinyModelConfig, texts: Iterable[str], out_dir: str | Path) -> Path:
-    """Train the tokenizer on ``texts``, build a seeded Qwen2 model and save both (HF format).
+def build_tiny_model(cfg: TinyModelConfig, texts: Iterable[str], out_dir: str | Path,
+                     tokenizer_path: str | Path | None = None) -> Path:
+    """Train the tokenizer on ``texts`` (or reuse the one at ``tokenizer_path``: a distillation
+    student shares its teacher's), build a seeded Qwen2 model and save both (HF format).
 
     Idempotent: an existing build in ``out_dir`` is reused, so a resumed run keeps its base.
     """
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     out = Path(out_dir)
     if (out / "config.json").is_file() and (out / "tokenizer.json").is_file():
         return out
-    tokenizer = train_tokenizer(texts, cfg.vocab_size)
+    tokenizer = (AutoTokenizer.from_pretrained(str(tokenizer_path)) if tokenizer_path is not None
+                 else train_tokenizer(texts, cfg.vocab_size))
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
         num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,

@@ -10,6 +10,7 @@ from typing import Any
 
 from raypost.config import SFTConfig
 from raypost.data import preprocess
+from raypost.data.teacher import TeacherSignal
 from raypost.eval import remote_accuracy
 from raypost.phases.data import PreparedData
 from raypost.train import checkpointing
@@ -38,16 +39,22 @@ def plan_steps(cfg: SFTConfig, num_rows: int) -> int:
     return min(steps, cfg.train.max_steps or steps)
 
 
-def run_sft(cfg: SFTConfig, model_path: str, data: PreparedData, run_dir: Path) -> SFTResult:
-    """Train; returns the exported HF model (inside the final checkpoint) and its metrics."""
+def run_sft(cfg: SFTConfig, model_path: str, data: PreparedData, run_dir: Path,
+            teacher: TeacherSignal | None = None) -> SFTResult:
+    """Train; returns the exported HF model (inside the final checkpoint) and its metrics.
+    With ``teacher``, the packed rows get the teacher's top-k and the loss is offline KD."""
     check_resources({"resources (learner)": learner_request(cfg.resources)})
     rows = preprocess.sft_rows(data.train, cfg.data, cfg.train.epochs, cfg.run.seed)
+    if teacher is not None:
+        t0 = time.time()
+        rows = teacher.annotate(rows)
+        log.info("teacher top-%d over %d packed rows in %.1fs", teacher.top_k, rows.count(), time.time() - t0)
     eval_rows = preprocess.sft_rows(data.eval, cfg.data.model_copy(update={"pack": False}), 1, cfg.run.seed)
     total = plan_steps(cfg, rows.count())
     log.info("sft: %d packed rows, %d steps on %d workers", rows.count(), total, cfg.resources.num_workers)
     t0 = time.time()
     result = fit(sft_loop, {"cfg": cfg.model_dump(mode="json"), "model_path": model_path, "run_dir": str(run_dir),
-                            "total_steps": total},
+                            "total_steps": total, "kd": teacher.kd if teacher else None},
                  cfg.resources, cfg.run, {"train": rows, "eval": eval_rows})
     if result.error is not None:
         raise result.error

@@ -122,6 +122,31 @@ class RolloutServer:
             self._inflight -= 1
         return [{"completions": g, "version": version} for g in groups]
 
+    async def score(self, sequences: list[list[int]], start: list[int], top_k: int = 0) -> list[dict[str, Any]]:
+        """This model's log-prob of every token of ``seq[start:]`` given what precedes it (vLLM
+        prompt log-probs; a teacher scoring a student's samples), and its top-k at each of
+        those positions. One dict per sequence: logprobs [n], top_ids [n][k], top_logprobs [n][k]."""
+        await self._ensure_latest()
+        return list(await asyncio.gather(*[self._score(seq, s, top_k) for seq, s in zip(sequences, start)]))
+
+    async def _score(self, seq: list[int], start: int, top_k: int) -> dict[str, Any]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=top_k,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        final = None
+        async for out in self.engine.generate(TokensPrompt(prompt_token_ids=list(seq)), params,
+                                              request_id=uuid.uuid4().hex):
+            final = out
+        per_pos = final.prompt_logprobs[start:]  # entry i: {token id: Logprob} for seq[start + i]
+        top = [sorted(((lp.rank, t, lp.logprob) for t, lp in d.items() if lp.rank <= top_k))[:top_k]
+               for d in per_pos]
+        return {"logprobs": [d[t].logprob for d, t in zip(per_pos, seq[start:])],
+                "top_ids": [[t for _, t, _ in row] for row in top],
+                "top_logprobs": [[v for _, _, v in row] for row in top]}
+
     async def weight_version(self) -> int:
         await self._ensure_latest()
         return self.version

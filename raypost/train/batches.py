@@ -39,7 +39,23 @@ def collate(rows: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tens
         labels[i, :n] = torch.from_numpy(np.array(r["labels"], dtype=np.int64))
         pos[i, :n] = torch.from_numpy(np.array(r["position_ids"], dtype=np.int64))
         seg[i, :n] = torch.from_numpy(np.array(r["segment_ids"], dtype=np.int64))
-    return {"input_ids": ids, "labels": labels, "position_ids": pos, "attention_mask": block_causal_mask(seg)}
+    out = {"input_ids": ids, "labels": labels, "position_ids": pos, "attention_mask": block_causal_mask(seg)}
+    if "teacher_ids" in rows[0]:
+        out.update(_teacher_columns(rows, t))
+    return out
+
+
+def _teacher_columns(rows: Sequence[dict[str, Any]], t: int) -> dict[str, torch.Tensor]:
+    """The offline teacher's flat top-k columns (see ``data.teacher``) as [B, T, k]; padding
+    positions get id 0 and log-prob 0 (never trained: their labels are ignored)."""
+    k = len(rows[0]["teacher_ids"]) // len(rows[0]["input_ids"])
+    ids = torch.zeros((len(rows), t, k), dtype=torch.long)
+    logp = torch.zeros((len(rows), t, k), dtype=torch.float32)
+    for i, r in enumerate(rows):
+        n = len(r["input_ids"])
+        ids[i, :n] = torch.from_numpy(np.array(r["teacher_ids"], dtype=np.int64).reshape(n, k))
+        logp[i, :n] = torch.from_numpy(np.array(r["teacher_logprobs"], dtype=np.float32).reshape(n, k))
+    return {"teacher_ids": ids, "teacher_logprobs": logp}
 
 
 def rank_slice(batch: dict[str, np.ndarray], rank: int, world: int) -> list[dict[str, Any]]:

@@ -14,38 +14,18 @@ from typing import Any
 
 import ray.train
 import torch
-import torch.distributed as dist
 
 from raypost.algos import KL_ESTIMATORS, POLICY_LOSSES, LossParams
 from raypost.config.grpo import GRPOConfig
 from raypost.rl import groups as G
 from raypost.rl.tensors import collate, sequences, token_logprobs
-from raypost.serve.weights import publish
 from raypost.train import checkpointing
 from raypost.train.batches import micro_batches
-from raypost.train.engine import full_state_dict, setup_learner
+from raypost.train.engine import setup_learner
+from raypost.train.sync import broadcast_from_rank0, push_weights
 from raypost.utils.metrics import MetricsLogger, Progress
 
 log = logging.getLogger("raypost.grpo")
-
-
-def _broadcast(obj: Any, rank: int) -> Any:
-    box = [obj if rank == 0 else None]
-    if dist.is_initialized():
-        dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def _push(engine: Any, cfg: GRPOConfig, version: int, weights_dir: str, rank: int) -> float:
-    """Gather the full weights and publish them as ``version`` (rank 0 writes)."""
-    t0 = time.perf_counter()
-    state = full_state_dict(engine, cfg.deepspeed.zero_stage)
-    if rank == 0:
-        tied = getattr(engine.module.config, "tie_word_embeddings", False)
-        publish(weights_dir, version, {k: v for k, v in state.items() if not (tied and k == "lm_head.weight")})
-    if dist.is_initialized():
-        dist.barrier()
-    return time.perf_counter() - t0
 
 
 def _learn(engine: Any, ref: Any, rows: list[dict], cfg: GRPOConfig, pad_id: int) -> dict[str, float]:
@@ -126,21 +106,22 @@ def grpo_loop(config: dict[str, Any]) -> None:
         log.info("resumed at step %d (cursor %d, weight version %d); %d log lines after it rewound",
                  state.step, state.cursor, state.weight_version, dropped)
     controller = _setup_controller(cfg, state, config) if rank == 0 else None
-    _push(engine, cfg, state.weight_version, config["weights_dir"], rank)  # replicas serve the restored weights
+    zero, weights_dir = cfg.deepspeed.zero_stage, config["weights_dir"]
+    push_weights(engine, zero, state.weight_version, weights_dir, rank)  # replicas serve the restored weights
     logger = MetricsLogger(config["run_dir"], rank == 0, cfg.run.wandb_mode, run_name=cfg.run.name,
                            config=config["cfg"])
     progress = Progress(cfg.algo.steps, state.step, "grpo")
     while state.step < cfg.algo.steps:
         t0 = time.perf_counter()
         seqs, metrics = _controller_batch(controller, cfg, state) if rank == 0 else (None, None)
-        seqs, metrics = _broadcast((seqs, metrics), rank)
+        seqs, metrics = broadcast_from_rank0((seqs, metrics), rank)
         t1 = time.perf_counter()
         metrics["staleness_max"] = max(state.weight_version - s["version"] for s in seqs)
         metrics.update(_learn(engine, ref, seqs[rank::world], cfg, tok.pad_token_id))
         metrics["train_s"] = time.perf_counter() - t1
         state.step, state.weight_version = state.step + 1, state.weight_version + 1
-        state.cursor = _broadcast(state.cursor, rank)
-        metrics["push_s"] = _push(engine, cfg, state.weight_version, config["weights_dir"], rank)
+        state.cursor = broadcast_from_rank0(state.cursor, rank)
+        metrics["push_s"] = push_weights(engine, zero, state.weight_version, weights_dir, rank)
         metrics.update(step_s=time.perf_counter() - t0, weight_version=state.weight_version, phase="grpo",
                        gen_tokens_per_s=sum(len(s["ids"]) - s["start"] for s in seqs) / max(metrics["generate_s"], 1e-9))
         if rank == 0:

@@ -17,8 +17,9 @@ import torch.distributed as dist
 
 from raypost.config import SFTConfig
 from raypost.train import checkpointing
-from raypost.train.batches import collate, micro_batches, rank_slice, token_loss_sums
+from raypost.train.batches import collate, micro_batches, rank_slice
 from raypost.train.engine import setup_learner
+from raypost.train.objectives import Objective, cross_entropy, objective_for
 from raypost.utils.metrics import MetricsLogger, Progress
 
 log = logging.getLogger("raypost.sft")
@@ -31,10 +32,11 @@ def _all_sum(*values: float) -> list[float]:
     return t.tolist()
 
 
-def _forward_loss(engine: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward_loss(engine: Any, batch: dict[str, torch.Tensor],
+                  objective: Objective = cross_entropy) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     out = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                  position_ids=batch["position_ids"], use_cache=False)
-    return token_loss_sums(out.logits, batch["labels"])
+    return objective(out.logits, batch)
 
 
 def eval_loss(engine: Any, pad_id: int, rank: int, world: int, mb: int) -> float:
@@ -49,29 +51,34 @@ def eval_loss(engine: Any, pad_id: int, rank: int, world: int, mb: int) -> float
             rows = rank_slice(batch, rank, world)
             if not rows:
                 continue
-            s, n = _forward_loss(engine, collate(rows, pad_id))
+            s, n, _ = _forward_loss(engine, collate(rows, pad_id))
             loss_sum, count = loss_sum + s.item(), count + n.item()
     engine.train()
     loss_sum, count = _all_sum(loss_sum, count)
     return loss_sum / max(count, 1.0)
 
 
-def train_step(engine: Any, rows: list[dict[str, Any]], pad_id: int, micro: int) -> tuple[float, int]:
-    """One optimizer step over this rank's rows; returns (token-mean loss, real tokens seen)."""
-    loss_sum, supervised, tokens = 0.0, 0, 0
+def train_step(engine: Any, rows: list[dict[str, Any]], pad_id: int, micro: int,
+               objective: Objective = cross_entropy) -> tuple[float, int, dict[str, float]]:
+    """One optimizer step over this rank's rows; returns (token-mean loss, real tokens seen,
+    the objective's metrics averaged over micro-batches)."""
+    loss_sum, supervised, tokens, extra, count = 0.0, 0, 0, {}, 0
     for mb in micro_batches(rows, micro):
-        s, n = _forward_loss(engine, collate(mb, pad_id))
+        s, n, metrics = _forward_loss(engine, collate(mb, pad_id), objective)
         engine.backward(s / n.clamp(min=1))
         engine.step()
         loss_sum, supervised = loss_sum + s.item(), supervised + int(n)
         tokens += sum(len(r["input_ids"]) for r in mb)
-    return loss_sum / max(1, supervised), tokens
+        extra, count = {k: extra.get(k, 0.0) + v for k, v in metrics.items()}, count + 1
+    return loss_sum / max(1, supervised), tokens, {k: v / max(1, count) for k, v in extra.items()}
 
 
 def sft_loop(config: dict[str, Any]) -> None:
-    """Ray Train entry: ``config`` = {cfg: SFTConfig dict, model_path, run_dir, total_steps}."""
+    """Ray Train entry: ``config`` = {cfg: SFTConfig dict, model_path, run_dir, total_steps,
+    optional kd: KDParams fields (offline distillation; rows then carry teacher columns)}."""
     cfg = SFTConfig.model_validate(config["cfg"])
     total = int(config["total_steps"])
+    objective = objective_for(config.get("kd"))
     rank, world, tokenizer, engine = setup_learner(cfg, config["model_path"], cfg.optim, total)
     state = checkpointing.restore(engine)
     if rank == 0 and state.step:
@@ -88,8 +95,8 @@ def sft_loop(config: dict[str, Any]) -> None:
             continue  # consumed before the last checkpoint
         if state.step >= total:
             break
-        loss, tokens = train_step(engine, rank_slice(batch, rank, world), tokenizer.pad_token_id,
-                                  cfg.optim.micro_batch_size)
+        loss, tokens, extra = train_step(engine, rank_slice(batch, rank, world), tokenizer.pad_token_id,
+                                         cfg.optim.micro_batch_size, objective)
         state.step, state.cursor = state.step + 1, index + 1
         if rank == 0:
             # packed rows carry "id1,id2,...": log every example
@@ -102,7 +109,7 @@ def sft_loop(config: dict[str, Any]) -> None:
             loss_g, tok_g = _all_sum(loss, window_tokens)
             dt = time.time() - window_t0
             metrics = {"phase": "sft", "loss": loss_g / world, "tokens_per_s": tok_g / max(dt, 1e-9),
-                       "lr": engine.get_lr()[0]}
+                       "lr": engine.get_lr()[0], **extra}  # extra: rank 0's objective metrics
             window_tokens, window_t0 = 0.0, time.time()
         if last or (cfg.train.eval_every and state.step % cfg.train.eval_every == 0):
             # its own cadence: a checkpoint's report carries the eval loss even between log lines

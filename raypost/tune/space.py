@@ -110,7 +110,7 @@ class SearchSpec(StrictModel):
 class SpaceFile(StrictModel):
     """One ``tune_spaces/*.yaml`` file."""
 
-    pipeline: Literal["sft", "grpo"] = Field(..., description="Pipeline whose config the params override.")
+    pipeline: Literal["sft", "grpo", "distill"] = Field(..., description="Pipeline whose config the params override.")
     metric: str = Field(..., min_length=1, description="Reported metric to optimize (e.g. eval_loss, reward_mean).")
     mode: Literal["min", "max"] = Field(..., description="Minimize or maximize the metric.")
     num_samples: int = Field(4, ge=1, le=100_000, description="Trials (grid: repeats of the whole grid).")

@@ -15,6 +15,7 @@ log = logging.getLogger("raypost")
 def trial_resources(space: SpaceFile) -> dict[str, float]:
     """Resources one running trial holds: its function actor, the learner, and (GRPO) the
     Serve replicas. The largest over every value the space can set."""
+    from raypost.phases.distill import peak_request
     from raypost.phases.grpo import placement_requests
     from raypost.train.trainer import learner_request
 
@@ -22,7 +23,9 @@ def trial_resources(space: SpaceFile) -> dict[str, float]:
     need: dict[str, float] = {"CPU": 0.0}
     for params in variants:
         cfg = trial_config(space, params)
-        parts = placement_requests(cfg) if space.pipeline == "grpo" else {"learner": learner_request(cfg.resources)}
+        parts = (placement_requests(cfg) if space.pipeline == "grpo" else
+                 {"learner or teacher": peak_request(cfg)} if space.pipeline == "distill" else
+                 {"learner": learner_request(cfg.resources)})
         req = {"CPU": space.cpus_per_trial_driver}
         for part in parts.values():
             for key, amount in part.items():
@@ -33,9 +36,10 @@ def trial_resources(space: SpaceFile) -> dict[str, float]:
 
 
 def check_metric_cadence(space: SpaceFile) -> None:
-    """Every report (one per checkpoint) must carry the metric: SFT computes eval_loss every
-    train.eval_every steps, so checkpoints must fall on those steps."""
-    if space.pipeline != "sft" or space.metric != "eval_loss":
+    """Every report (one per checkpoint) must carry the metric: the SFT learner (SFT and the
+    distillation student) computes eval_loss every train.eval_every steps, so checkpoints must
+    fall on those steps."""
+    if space.pipeline not in ("sft", "distill") or space.metric != "eval_loss":
         return
     cfg = trial_config(space, {})
     every, ckpt = cfg.train.eval_every, cfg.run.checkpoint_every

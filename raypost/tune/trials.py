@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from raypost.config import SFTConfig, StrictModel, dump_yaml
+from raypost.config.distill import DistillConfig
 from raypost.config.grpo import GRPOConfig
 from raypost.train import checkpointing
 from raypost.tune.space import SpaceFile, trial_config
@@ -27,7 +28,7 @@ def _sft(cfg: SFTConfig, run_dir: Path) -> None:
 
 
 def _grpo(cfg: GRPOConfig, run_dir: Path) -> None:
-    """GRPO from the sweep's shared warm-up model (see ``shared_warmup``)."""
+    """GRPO from the sweep's shared warm-up model (see ``shared_start``)."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -45,7 +46,19 @@ def _grpo(cfg: GRPOConfig, run_dir: Path) -> None:
     grpo_phase.train(cfg, model_path, data, run_dir)
 
 
-TRIAL_BODIES: dict[str, Callable[[Any, Path], None]] = {"sft": _sft, "grpo": _grpo}
+def _distill(cfg: DistillConfig, run_dir: Path) -> None:
+    """The distillation mode alone, from the sweep's shared teacher (see ``shared_start``)."""
+    from raypost.config import ModelConfig
+    from raypost.phases import data as data_phase
+    from raypost.phases import distill as distill_phase
+
+    _, data = data_phase.prepare(cfg.data, ModelConfig(path=cfg.teacher.path), run_dir)
+    student = distill_phase.student_base(cfg, cfg.teacher.path, run_dir)
+    # The student run is the trial's run folder itself, where Tune's restore looks for it.
+    distill_phase.MODES.get_fn(cfg.distill.mode)(cfg, cfg.teacher.path, student, data, run_dir)
+
+
+TRIAL_BODIES: dict[str, Callable[[Any, Path], None]] = {"sft": _sft, "grpo": _grpo, "distill": _distill}
 
 
 def trial_run_config(space: SpaceFile, params: dict[str, Any], trial_id: str, sweep_dir: str) -> StrictModel:
@@ -79,15 +92,10 @@ def run_trial(params: dict[str, Any], space: dict[str, Any], sweep_dir: str) -> 
     TRIAL_BODIES[spec.pipeline](cfg, run_dir)
 
 
-def shared_warmup(space: SpaceFile, sweep_dir: Path) -> SpaceFile:
-    """GRPO sweeps warm up once in the driver: trials start from that model with warm-up off.
-    Other pipelines return ``space`` unchanged."""
-    if space.pipeline != "grpo":
-        return space
+def _grpo_warmup(space: SpaceFile, sweep_dir: Path) -> dict[str, Any]:
     cfg = trial_config(space, {})
     if not cfg.warmup.enabled:
-        return space
-    from raypost.config.base import deep_merge
+        return {}
     from raypost.phases import data as data_phase
     from raypost.phases import grpo as grpo_phase
 
@@ -95,5 +103,35 @@ def shared_warmup(space: SpaceFile, sweep_dir: Path) -> SpaceFile:
     run_dir.mkdir(parents=True, exist_ok=True)
     model_path, data = data_phase.prepare(cfg.data, cfg.model, run_dir)
     warm, _ = grpo_phase.warmup(cfg, model_path, data, run_dir)
-    base = deep_merge(space.base, {"model": {"path": warm}, "warmup": {"enabled": False}})
-    return space.model_copy(update={"base": base})
+    return {"model": {"path": warm}, "warmup": {"enabled": False}}
+
+
+def _distill_teacher(space: SpaceFile, sweep_dir: Path) -> dict[str, Any]:
+    cfg = trial_config(space, {})
+    if cfg.teacher.path is not None:
+        return {"distill": {"baseline": False}}
+    from raypost.config import ModelConfig
+    from raypost.phases import data as data_phase
+    from raypost.phases import distill as distill_phase
+
+    run_dir = sweep_dir / "teacher"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    base, data = data_phase.prepare(cfg.data, ModelConfig(path=cfg.teacher.path, tiny=cfg.teacher.tiny), run_dir)
+    teacher = distill_phase.teacher(cfg, base, data, run_dir).model_path
+    return {"teacher": {"path": teacher}, "distill": {"baseline": False}}
+
+
+SHARED_STARTS: dict[str, Callable[[SpaceFile, Path], dict[str, Any]]] = {"grpo": _grpo_warmup,
+                                                                         "distill": _distill_teacher}
+
+
+def shared_start(space: SpaceFile, sweep_dir: Path) -> SpaceFile:
+    """What every trial would otherwise repeat, done once in the driver: GRPO's SFT warm-up
+    (trials start from it with warm-up off), distillation's teacher (trials get its path).
+    Other pipelines return ``space`` unchanged."""
+    if space.pipeline not in SHARED_STARTS:
+        return space
+    from raypost.config.base import deep_merge
+
+    extra = SHARED_STARTS[space.pipeline](space, sweep_dir)
+    return space.model_copy(update={"base": deep_merge(space.base, extra)}) if extra else space

@@ -1,0 +1,81 @@
+"""The offline teacher pass: Ray Data ``map_batches`` over packed SFT rows keeps the
+teacher's top-k next-token log-probs per position, so the student's KD data stays bounded
+(k values per token instead of the vocabulary).
+
+Each row gains ``teacher_ids`` and ``teacher_logprobs``: flat lists of ``len(input_ids) * k``
+(position-major), read back by ``train.batches.collate`` as ``[B, T, k]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+import pandas as pd
+import ray.data
+import torch
+
+
+class TeacherTopK:
+    """Ray Data callable class: packed rows -> rows with the teacher's top-k per position."""
+
+    def __init__(self, model_path: str, top_k: int, precision: str = "fp32", threads: int | None = None) -> None:
+        from raypost.models.hf import load_causal_lm, load_tokenizer
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.model = load_causal_lm(model_path, precision).eval()
+        self.pad_id = load_tokenizer(model_path).pad_token_id
+        self.k = top_k
+
+    @torch.no_grad()
+    def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
+        from raypost.train.batches import collate
+
+        rows = batch.to_dict("records")
+        inputs = collate(rows, self.pad_id)
+        logits = self.model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
+                            position_ids=inputs["position_ids"], use_cache=False).logits
+        values, ids = torch.log_softmax(logits.float(), -1).topk(self.k, dim=-1)
+        out = batch.copy()
+        lengths = [len(r["input_ids"]) for r in rows]
+        out["teacher_ids"] = [ids[i, :n].reshape(-1).numpy().astype(np.int32) for i, n in enumerate(lengths)]
+        out["teacher_logprobs"] = [values[i, :n].reshape(-1).numpy().astype(np.float32)
+                                   for i, n in enumerate(lengths)]
+        return out
+
+
+@contextlib.contextmanager
+def _ordered() -> Iterator[None]:
+    """Ray Data keeps block order inside this block (learners resume from a row cursor)."""
+    ctx = ray.data.DataContext.get_current()
+    before = ctx.execution_options.preserve_order
+    ctx.execution_options.preserve_order = True
+    try:
+        yield
+    finally:
+        ctx.execution_options.preserve_order = before
+
+
+@dataclass(frozen=True)
+class TeacherSignal:
+    """What the offline-KD learner needs from the teacher, and how the pass is run."""
+
+    model_path: str
+    top_k: int
+    kd: dict[str, Any]  # KDParams fields, sent to the learner
+    precision: str = "fp32"
+    cpus: float = 1.0
+    batch_size: int = 16
+
+    def annotate(self, rows: ray.data.Dataset) -> ray.data.Dataset:
+        """``rows`` with teacher columns, in the same order (materialized)."""
+        with _ordered():
+            return rows.map_batches(
+                TeacherTopK, batch_format="pandas", batch_size=self.batch_size, num_cpus=self.cpus,
+                compute=ray.data.ActorPoolStrategy(size=1),
+                fn_constructor_kwargs={"model_path": self.model_path, "top_k": self.top_k,
+                                       "precision": self.precision,
+                                       "threads": max(1, int(self.cpus))}).materialize()

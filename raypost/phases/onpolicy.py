@@ -1,0 +1,61 @@
+"""On-policy distillation phase: a student replica and a teacher replica on Serve, and the
+on-policy learner (``train.onpolicy_loop``) on Ray Train."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from raypost.config.distill import DistillConfig
+from raypost.data import preprocess
+from raypost.phases.data import PreparedData
+from raypost.phases.sft import SFTResult
+from raypost.train import checkpointing
+from raypost.train.onpolicy_loop import onpolicy_loop
+from raypost.train.trainer import fit
+
+STUDENT_APP, TEACHER_APP = "distill-student", "distill-teacher"
+
+
+def _deploy(cfg: DistillConfig, teacher_path: str, student_path: str, weights_dir: Path) -> None:
+    """The student replica serves pushed versions from ``weights_dir``; the teacher's stays as loaded."""
+    from ray import serve
+    from ray.serve.api import RunTarget
+
+    from raypost.serve.rollout_app import build_app
+
+    teacher_weights = weights_dir.with_name(weights_dir.name + "-teacher")  # never written: teacher stays fixed
+    serve.start(proxy_location="Disabled")  # handle calls only; no HTTP port is opened for this
+    apps = [(STUDENT_APP, student_path, weights_dir), (TEACHER_APP, teacher_path, teacher_weights)]
+    serve.run_many([RunTarget(build_app(path, cfg.rollout.model_copy(update={"weights_dir": str(wdir)})),
+                              name=name, route_prefix=None) for name, path, wdir in apps])  # both start at once
+
+
+def run_on_policy(cfg: DistillConfig, teacher_path: str, student_path: str, data: PreparedData,
+                  out: Path) -> SFTResult:
+    from ray import serve
+
+    d = cfg.distill
+    weights_dir = Path(cfg.rollout.weights_dir) / f"{cfg.run.name}-{out.name}"
+    shutil.rmtree(weights_dir, ignore_errors=True)  # a resumed learner republishes its restored version
+    prompts = preprocess.prompt_order(data.train, d.on_policy_steps * d.prompts_per_step, cfg.run.seed)
+    _deploy(cfg, teacher_path, student_path, weights_dir)
+    seqs = d.prompts_per_step * d.samples_per_prompt
+    t0 = time.time()
+    try:
+        result = fit(onpolicy_loop, {"cfg": cfg.model_dump(mode="json"), "model_path": student_path,
+                                     "run_dir": str(out), "weights_dir": str(weights_dir),
+                                     "student_app": STUDENT_APP, "teacher_app": TEACHER_APP,
+                                     "grad_accum": seqs // (cfg.resources.num_workers *
+                                                            d.on_policy_optim.micro_batch_size)},
+                     cfg.resources, cfg.run.model_copy(update={"storage_path": str(out.parent)}),
+                     {"prompts": prompts}, name=out.name)
+    finally:
+        for app in (STUDENT_APP, TEACHER_APP):
+            serve.delete(app)
+        shutil.rmtree(weights_dir, ignore_errors=True)  # the final weights are in the checkpoint
+    if result.error is not None:
+        raise result.error
+    return SFTResult(str(Path(result.checkpoint.path) / checkpointing.HF_DIR), d.on_policy_steps,
+                     time.time() - t0, dict(result.metrics or {}))

@@ -1,0 +1,158 @@
+"""The on-policy distillation learner: one Ray Train worker's loop.
+
+Rank 0 is the controller: it draws prompts in a deterministic order, samples the student's
+completions on its Serve vLLM replica (weight version k, with behaviour log-probs), and has
+the teacher replica score those very tokens (vLLM prompt log-probs: per token, and the
+teacher's top-k). Every rank recomputes the student's log-probs of its slice and steps the
+loss; rank 0 then publishes version k+1 to the student replica.
+
+Losses (``distill.on_policy_loss``):
+  reverse_kl  the per-token reverse KL as a dense advantage (``algos.distill.on_policy_reverse_kl``);
+  gkd         the divergence ``distill.divergence`` on the teacher's top-k at every sampled
+              position (``algos.distill.kd_loss``; GKD with only on-policy data).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Iterator
+
+import ray.train
+import torch
+
+from raypost.algos.distill import KDParams, kd_loss, on_policy_reverse_kl
+from raypost.config.distill import DistillConfig
+from raypost.rewards.verifiers import answers_match
+from raypost.rl.tensors import collate, token_logprobs
+from raypost.train import checkpointing
+from raypost.train.batches import micro_batches
+from raypost.train.engine import setup_learner
+from raypost.train.sync import broadcast_from_rank0, push_weights
+from raypost.utils.metrics import MetricsLogger, Progress
+
+log = logging.getLogger("raypost.distill")
+
+
+def collect(ctx: dict[str, Any], cfg: DistillConfig) -> tuple[list[dict], dict[str, float]]:
+    """Rank 0: sample, have the teacher score, and build one dict per sequence."""
+    d = cfg.distill
+    rows = [next(ctx["rows"]) for _ in range(d.prompts_per_step)]
+    t0 = time.perf_counter()
+    outs = ctx["student"].generate([r["prompt_ids"] for r in rows], d.samples_per_prompt,
+                                   {"temperature": d.on_policy_temperature, "max_tokens": d.max_new_tokens})
+    t1 = time.perf_counter()
+    seqs = [{"ids": list(r["prompt_ids"]) + list(c["token_ids"]), "start": len(r["prompt_ids"]), "old": c["logprobs"],
+             "adv": 0.0, "train": len(c["token_ids"]) > 0, "version": o["version"], "sample_id": f"{r['id']}#{i}",
+             "correct": answers_match(c["text"], r["answer"])}
+            for r, o in zip(rows, outs) for i, c in enumerate(o["completions"])]
+    top_k = d.top_k if d.on_policy_loss == "gkd" else 0
+    scores = ctx["teacher"].score.remote([s["ids"] for s in seqs], [s["start"] for s in seqs], top_k).result()
+    for s, sc in zip(seqs, scores):
+        s.update(teacher=sc["logprobs"], top_ids=sc["top_ids"], top_logprobs=sc["top_logprobs"])
+    gen_tokens = sum(len(s["ids"]) - s["start"] for s in seqs)
+    return seqs, {"generate_s": t1 - t0, "teacher_s": time.perf_counter() - t1,
+                  "gen_tokens_per_s": gen_tokens / max(t1 - t0, 1e-9), "response_len": gen_tokens / len(seqs),
+                  "sample_accuracy": sum(s["correct"] for s in seqs) / len(seqs)}
+
+
+def _teacher_tensors(rows: list[dict], t: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Teacher log-probs of the sampled tokens [N, T-1], and its top-k ids/log-probs [N, T-1, k],
+    aligned with ``rl.tensors.collate``'s targets."""
+    n, width = len(rows), max(k, 1)
+    lp, top = torch.zeros(n, t - 1), torch.zeros(n, t - 1, width)
+    ids = torch.zeros(n, t - 1, width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        s, c = r["start"], len(r["teacher"])
+        lp[i, s - 1:s - 1 + c] = torch.tensor(r["teacher"], dtype=torch.float32)
+        if k:
+            ids[i, s - 1:s - 1 + c] = torch.tensor(r["top_ids"], dtype=torch.long).reshape(c, k)
+            top[i, s - 1:s - 1 + c] = torch.tensor(r["top_logprobs"], dtype=torch.float32).reshape(c, k)
+    return lp, ids, top
+
+
+def learn(engine: Any, rows: list[dict], cfg: DistillConfig, pad_id: int) -> dict[str, float]:
+    """One optimizer step over this rank's sequences; returns averaged loss metrics."""
+    d = cfg.distill
+    k = d.top_k if d.on_policy_loss == "gkd" else 0
+    kd = KDParams(divergence=d.divergence, beta=d.beta, temperature=d.temperature)
+    sums: dict[str, float] = {}
+    chunks = list(micro_batches(rows, d.on_policy_optim.micro_batch_size))
+    for mb in chunks:
+        b = collate(mb, pad_id)
+        teacher_lp, top_ids, top_lp = _teacher_tensors(mb, b["input_ids"].shape[1], k)
+        logits = engine(input_ids=b["input_ids"], attention_mask=b["attention_mask"], use_cache=False).logits
+        # log-probs at the sampling temperature, as the replica's behaviour log-probs are
+        logp, _ = token_logprobs(logits, b["targets"], d.on_policy_temperature)
+        if d.on_policy_loss == "gkd":
+            keep = b["mask"] > 0
+            total, n, m = kd_loss(logits[:, :-1][keep], top_ids[keep], top_lp[keep], torch.ones(int(keep.sum())), kd)
+            loss = total / n.clamp(min=1)
+            with torch.no_grad():  # the same diagnostics as the reverse-KL loss reports
+                m["reverse_kl"] = float(((b["old_logp"] - teacher_lp) * b["mask"]).sum() / b["mask"].sum().clamp(min=1))
+                m["ratio_mean"] = float(((logp - b["old_logp"]).exp() * b["mask"]).sum() / b["mask"].sum().clamp(min=1))
+        else:
+            loss, m = on_policy_reverse_kl(logp, b["old_logp"], teacher_lp, b["mask"])
+        engine.backward(loss)
+        engine.step()
+        m["loss"] = loss.item()
+        for key, v in m.items():
+            sums[key] = sums.get(key, 0.0) + v / len(chunks)
+    return sums
+
+
+def _controller(cfg: DistillConfig, state: checkpointing.ControllerState, config: dict) -> dict[str, Any]:
+    from ray import serve
+
+    from raypost.serve.rollout_client import RolloutClient
+
+    def cycle() -> Iterator[dict]:
+        while True:  # the prompt order is long enough for the run; cycling only guards the end
+            yield from ray.train.get_dataset_shard("prompts").iter_rows()
+
+    rows = cycle()
+    for _ in range(state.cursor):  # prompts consumed before the checkpoint
+        next(rows)
+    return {"rows": rows, "teacher": serve.get_app_handle(config["teacher_app"]),
+            "student": RolloutClient(config["student_app"], config["weights_dir"], cfg.rollout.max_attempts)}
+
+
+def onpolicy_loop(config: dict[str, Any]) -> None:
+    """Ray Train entry: config = {cfg, model_path, run_dir, weights_dir, student_app, teacher_app}."""
+    cfg = DistillConfig.model_validate(config["cfg"])
+    d = cfg.distill
+    optim = d.on_policy_optim.model_copy(update={"grad_accum": config["grad_accum"]})
+    rank, world, tok, engine = setup_learner(cfg, config["model_path"], optim, d.on_policy_steps)
+    state = checkpointing.restore(engine)
+    if rank == 0 and state.step:
+        checkpointing.rewind_logs(config["run_dir"], state.step, "on_policy")
+        log.info("resumed at step %d (cursor %d, weight version %d)", state.step, state.cursor, state.weight_version)
+    ctx = _controller(cfg, state, config) if rank == 0 else None
+    zero, weights_dir = cfg.deepspeed.zero_stage, config["weights_dir"]
+    push_weights(engine, zero, state.weight_version, weights_dir, rank)
+    logger = MetricsLogger(config["run_dir"], rank == 0, cfg.run.wandb_mode, run_name=cfg.run.name,
+                           config=config["cfg"])
+    progress = Progress(d.on_policy_steps, state.step, "on-policy distill")
+    while state.step < d.on_policy_steps:
+        t0 = time.perf_counter()
+        seqs, metrics = collect(ctx, cfg) if rank == 0 else (None, None)
+        seqs, metrics = broadcast_from_rank0((seqs, metrics), rank)
+        t1 = time.perf_counter()
+        metrics.update(learn(engine, seqs[rank::world], cfg, tok.pad_token_id))
+        state.step, state.weight_version = state.step + 1, state.weight_version + 1
+        state.cursor += d.prompts_per_step
+        metrics.update(train_s=time.perf_counter() - t1, phase="on_policy", weight_version=state.weight_version,
+                       push_s=push_weights(engine, zero, state.weight_version, weights_dir, rank),
+                       staleness_max=max(state.weight_version - 1 - s["version"] for s in seqs))
+        metrics["step_s"] = time.perf_counter() - t0
+        if rank == 0:
+            logger.log(metrics, state.step)
+            checkpointing.log_trained(config["run_dir"], state.step, [s["sample_id"] for s in seqs])
+            if state.step % cfg.run.log_every == 0 or state.step == d.on_policy_steps:
+                shown = ("loss", "reverse_kl", "kd", "sample_accuracy", "gen_tokens_per_s", "step_s")
+                log.info(progress.line(state.step, {k: metrics[k] for k in shown if k in metrics}))
+        last = state.step == d.on_policy_steps
+        if last or state.step % cfg.run.checkpoint_every == 0:
+            exporter = checkpointing.hf_exporter(engine, zero, tok, rank) if last else None
+            checkpointing.save_and_report(engine, state, {"step": state.step, **metrics}, rank, exporter)
+    logger.finish()

@@ -1,0 +1,241 @@
+"""Distillation: the losses against hand-derived values, the teacher top-k pass, the
+tokenizer check, and both modes end to end on a real Ray cluster (seq_kd through a Serve
+vLLM teacher replica)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from tests.conftest import TINY, run_pipeline
+
+IGNORE = -100
+
+
+def _log(*probs: float) -> torch.Tensor:
+    return torch.log(torch.tensor([list(probs)]))
+
+
+def _kd(divergence: str, student_probs, tau: float = 1.0, beta: float = 0.5, mask=(1.0,)):
+    from raypost.algos.distill import KDParams, kd_loss
+
+    # Teacher: full-softmax log-probs 0.5 and 0.25 on tokens 0 and 1 (its top-2).
+    ids, t_logp = torch.tensor([[0, 1]]), _log(0.5, 0.25)
+    n = len(mask)
+    return kd_loss(_log(*student_probs).repeat(n, 1), ids.repeat(n, 1), t_logp.repeat(n, 1), torch.tensor(mask),
+                   KDParams(divergence=divergence, beta=beta, temperature=tau))
+
+
+def test_forward_kl_by_hand():
+    # p on the support = (2/3, 1/3); student's full-vocab q = (0.5, 0.25):
+    # 2/3 ln((2/3)/0.5) + 1/3 ln((1/3)/0.25) = ln(4/3)
+    loss, n, metrics = _kd("forward_kl", (0.5, 0.25, 0.25))
+    assert n.item() == 1 and loss.item() == pytest.approx(math.log(4 / 3), abs=1e-6)
+    assert metrics["student_mass_on_topk"] == pytest.approx(0.75, abs=1e-6)
+    assert metrics["top1_agreement"] == 1.0
+
+
+def test_reverse_kl_and_jsd_by_hand():
+    # Student renormalized on the support: (1/3, 2/3) against p = (2/3, 1/3).
+    loss, _, _ = _kd("reverse_kl", (0.25, 0.5, 0.25))
+    assert loss.item() == pytest.approx(math.log(2) / 3, abs=1e-6)  # 1/3 ln(1/2) + 2/3 ln 2
+    # m = (1/2, 1/2); KL(p||m) = KL(q||m) = 2/3 ln(4/3) + 1/3 ln(2/3).
+    loss, _, metrics = _kd("jsd", (0.25, 0.5, 0.25), beta=0.5)
+    assert loss.item() == pytest.approx(2 / 3 * math.log(4 / 3) + 1 / 3 * math.log(2 / 3), abs=1e-6)
+    assert metrics["top1_agreement"] == 0.0
+    # Renormalized student equal to the teacher on the support: no reverse-KL or JSD cost.
+    for divergence in ("reverse_kl", "jsd"):
+        assert _kd(divergence, (0.5, 0.25, 0.25))[0].item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_temperature_and_mask_by_hand():
+    # tau = 2: p ∝ sqrt(0.5, 0.25) and q ∝ sqrt(0.5, 0.25, 0.25); on the support p/q = 1.7071/1.2071
+    # = sqrt(2) for both tokens, so KL = ln(2)/2 and the tau^2-scaled loss is 2 ln 2.
+    loss, _, _ = _kd("forward_kl", (0.5, 0.25, 0.25), tau=2.0)
+    assert loss.item() == pytest.approx(2 * math.log(2), abs=1e-5)
+    # A masked-out position adds nothing to the sum or the count.
+    loss, n, _ = _kd("forward_kl", (0.5, 0.25, 0.25), mask=(1.0, 0.0, 1.0))
+    assert n.item() == 2 and loss.item() == pytest.approx(2 * math.log(4 / 3), abs=1e-6)
+
+
+def test_teacher_objective_shifts_and_mixes_ce():
+    from raypost.algos.distill import KDParams
+    from raypost.train.objectives import TeacherKD
+
+    # T = 3; only the label at t=1 is supervised, so only the logits at t=0 count.
+    logits = torch.zeros(1, 3, 3)
+    logits[0, 0] = _log(0.5, 0.25, 0.25)[0]
+    logits[0, 1:] = 5.0  # unsupervised positions: any value
+    batch = {"labels": torch.tensor([[IGNORE, 0, IGNORE]]),
+             "teacher_ids": torch.tensor([[[0, 1], [2, 1], [2, 1]]]),
+             "teacher_logprobs": _log(0.5, 0.25)[0].expand(1, 3, 2).clone()}
+    loss, n, metrics = TeacherKD(KDParams(kd_weight=0.5))(logits, batch)
+    # 0.5 * ln(4/3) (forward KL) + 0.5 * (-ln 0.5) (CE of label 0)
+    assert n.item() == 1 and loss.item() == pytest.approx(0.5 * math.log(4 / 3) + 0.5 * math.log(2), abs=1e-6)
+    assert metrics["ce"] == pytest.approx(math.log(2), abs=1e-6)
+
+
+def test_teacher_pass_matches_unpacked_forward(tiny_model):
+    """Top-k of a packed row equals each example's own forward pass (attention kept per example)."""
+    from raypost.data.teacher import TeacherTopK
+    from raypost.models.hf import load_causal_lm
+
+    a, b = [5, 9, 14, 3, 7], [11, 4, 8, 20]
+    row = {"input_ids": a + b, "labels": [IGNORE] + a[1:] + [IGNORE] + b[1:],
+           "position_ids": list(range(len(a))) + list(range(len(b))), "segment_ids": [1] * len(a) + [2] * len(b)}
+    out = TeacherTopK(str(tiny_model), top_k=4)(pd.DataFrame([row]))
+    ids = torch.tensor(out["teacher_ids"][0]).reshape(-1, 4)
+    logp = torch.tensor(out["teacher_logprobs"][0]).reshape(-1, 4)
+    model = load_causal_lm(tiny_model).eval()
+    with torch.no_grad():
+        alone = [torch.log_softmax(model(input_ids=torch.tensor([x])).logits[0], -1) for x in (a, b)]
+    expected_v, expected_i = torch.cat(alone).topk(4, dim=-1)
+    assert torch.equal(ids, expected_i)
+    assert torch.allclose(logp, expected_v, atol=1e-4)
+
+
+def test_student_shares_teacher_tokenizer_or_fails(tiny_model, tmp_path):
+    from raypost.config import TinyModelConfig
+    from raypost.config.distill import DistillConfig
+    from raypost.models.hf import load_tokenizer
+    from raypost.models.tiny import build_tiny_model
+    from raypost.phases.distill import same_tokenizer, student_base
+
+    cfg = DistillConfig.model_validate({"model": {"tiny": {"hidden_size": 32, "num_heads": 2, "num_kv_heads": 1,
+                                                           "intermediate_size": 64}}})
+    student = student_base(cfg, str(tiny_model), tmp_path)
+    assert load_tokenizer(student).get_vocab() == load_tokenizer(tiny_model).get_vocab()
+    same_tokenizer(str(tiny_model), student)  # no error
+    other = build_tiny_model(TinyModelConfig(**TINY), ["completely different text " * 50], tmp_path / "other")
+    with pytest.raises(ValueError, match="tokenizers differ"):
+        same_tokenizer(str(tiny_model), str(other))
+
+
+def test_config_errors_name_the_field():
+    from raypost.config import ConfigError, load_config
+    from raypost.config.distill import DistillConfig
+
+    with pytest.raises(ConfigError, match="mode"):
+        load_config(DistillConfig, ["--distill.mode", "on_policy_typo"])
+    with pytest.raises(ConfigError, match="beta"):
+        load_config(DistillConfig, ["--distill.beta", "1.0"])
+    with pytest.raises(ConfigError, match="divergence"):
+        load_config(DistillConfig, ["--distill.divergance", "jsd"])
+    with pytest.raises(ConfigError, match="distill.warm_start"):
+        load_config(DistillConfig, ["--distill.mode", "on_policy", "--distill.baseline", "false"])
+    with pytest.raises(ConfigError, match=r"multiple of resources.num_workers x distill.on_policy_optim"):
+        load_config(DistillConfig, ["--distill.mode", "on_policy", "--distill.prompts_per_step", "3"])
+
+
+# Head size 32 (64 / 2): the smallest vLLM's CPU attention supports (the on-policy student is served).
+STUDENT = {"hidden_size": 64, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
+
+
+def distill_args(storage: Path, name: str, *extra: str) -> list[str]:
+    args = ["--run.storage_path", str(storage), "--run.name", name, "--run.log_every", "2",
+            "--run.wandb_mode", "disabled", "--data.synthetic.num_train", "400", "--data.synthetic.num_eval", "16",
+            "--data.max_seq_len", "96", "--teacher.train.max_steps", "160", "--teacher.train.epochs", "8",
+            "--teacher.optim.lr", "3e-3",
+            "--train.max_steps", "24", "--optim.lr", "3e-3", "--eval.max_new_tokens", "16",
+            "--resources.num_workers", "2", "--resources.cpus_per_worker", "0.5", *extra]
+    for key, value in TINY.items():
+        args += [f"--teacher.tiny.{key}", str(value)]
+    for key, value in STUDENT.items():
+        args += [f"--model.tiny.{key}", str(value)]
+    return args
+
+
+@pytest.fixture(scope="module")
+def offline_run(ray_cluster, tmp_path_factory) -> Path:
+    storage = tmp_path_factory.mktemp("distill")
+    run_pipeline("distill.py", distill_args(storage, "kd", "--distill.top_k", "8"), ray_cluster)
+    return storage / "kd"
+
+
+def test_offline_kd_end_to_end(offline_run, ray_cluster):
+    report = json.loads((offline_run / "report.json").read_text())
+    assert report["mode"] == "offline_kd" and set(report["heldout_accuracy"]) == {"teacher", "baseline", "student"}
+    assert report["params"]["student"] < 0.6 * report["params"]["teacher"]
+    assert report["params"]["student"] == report["params"]["baseline"]
+    rows = [json.loads(x) for x in (offline_run / "student" / "metrics.jsonl").read_text().splitlines()]
+    kd = [r for r in rows if "kd" in r]
+    assert len(kd) == 12, "a kd line every 2 of 24 steps"
+    # The student moves toward the teacher: less divergence, more agreement with its top-1.
+    assert kd[-1]["kd"] < 0.7 * kd[0]["kd"]
+    assert kd[-1]["top1_agreement"] > kd[0]["top1_agreement"] + 0.1
+    assert (offline_run / "loss.png").stat().st_size > 1000
+    # Re-running the same command trains nothing again: every phase was finished.
+    run_pipeline("distill.py", distill_args(offline_run.parent, "kd", "--distill.top_k", "8"), ray_cluster)
+    again = json.loads((offline_run / "report.json").read_text())
+    assert again["model_path"] == report["model_path"] and set(again["phase_s"].values()) == {0.0}
+
+
+def test_seq_kd_trains_on_the_teachers_answers(offline_run, ray_cluster, tmp_path):
+    from raypost.eval.accuracy import greedy_completions
+    from raypost.models.hf import load_causal_lm, load_tokenizer
+
+    teacher = json.loads((offline_run / "report.json").read_text())["teacher_path"]
+    run_pipeline("distill.py", distill_args(tmp_path, "seq", "--teacher.path", teacher, "--distill.mode", "seq_kd",
+                                            "--distill.baseline", "false", "--distill.seq_kd_max_prompts", "48",
+                                            "--distill.seq_kd_keep", "all",
+                                            "--distill.max_new_tokens", "64", "--rollout.cpus_per_replica", "1"),
+                 ray_cluster)
+    lines = (tmp_path / "seq" / "student" / "teacher_completions.jsonl").read_text().splitlines()
+    counts, rows = json.loads(lines[0]), [json.loads(x) for x in lines[1:]]
+    assert counts["prompts"] == 48 and counts["kept"] == len(rows) > 0
+    assert counts["kept"] + counts["unfinished"] + counts["too_long"] == 48
+    # The student's targets are the teacher's own greedy answers (vLLM on Serve = transformers).
+    tok, model = load_tokenizer(teacher), load_causal_lm(teacher)
+    sample = rows[:8]
+    hf = greedy_completions(model, [r["prompt_ids"] for r in sample], tok.pad_token_id, tok.eos_token_id, 64, 8)
+    assert sum(h == r["completion_ids"] for h, r in zip(hf, sample)) >= 7
+    report = json.loads((tmp_path / "seq" / "report.json").read_text())
+    assert report["mode"] == "seq_kd" and set(report["heldout_accuracy"]) == {"teacher", "student"}
+    assert report["data"]["seq_kd"]["kept"] == counts["kept"]
+
+
+def test_on_policy_reverse_kl_value_and_gradient_by_hand():
+    from raypost.algos.distill import on_policy_reverse_kl
+
+    # Two completion tokens (third is padding). Student sampled them with log-probs (-1, -2);
+    # the teacher gives (-0.5, -3): advantages (+0.5, -1).
+    old = torch.tensor([[-1.0, -2.0, 0.0]])
+    teacher = torch.tensor([[-0.5, -3.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    logp = old.clone().requires_grad_(True)
+    loss, metrics = on_policy_reverse_kl(logp, old, teacher, mask)
+    assert loss.item() == pytest.approx(-(0.5 - 1.0) / 2)  # ratio 1: -mean(A) = 0.25
+    assert metrics["reverse_kl"] == pytest.approx(0.25) and metrics["ratio_mean"] == pytest.approx(1.0)
+    loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([-0.25, 0.5, 0.0])  # -A_t / 2
+
+
+def test_on_policy_distills_through_serve(offline_run, ray_cluster, tmp_path):
+    """The student samples on its replica (weights pushed every step), the teacher replica
+    scores those tokens with its top-k, and the GKD divergence to the teacher goes down."""
+    teacher = json.loads((offline_run / "report.json").read_text())["teacher_path"]
+    # From the untrained student (no baseline, no warm start): its reverse KL to the teacher is large.
+    run_pipeline("distill.py", distill_args(tmp_path, "onp", "--teacher.path", teacher, "--distill.mode", "on_policy",
+                                            "--distill.baseline", "false", "--distill.warm_start", "false",
+                                            "--distill.on_policy_steps", "10", "--distill.prompts_per_step", "8",
+                                            "--distill.samples_per_prompt", "2", "--distill.max_new_tokens", "32",
+                                            "--distill.on_policy_optim.lr", "3e-3",
+                                            "--distill.on_policy_optim.micro_batch_size", "8",
+                                            "--rollout.cpus_per_replica", "0.5", "--rollout.max_model_len", "160"),
+                 ray_cluster)
+    run = tmp_path / "onp"
+    steps = [json.loads(x) for x in (run / "student" / "metrics.jsonl").read_text().splitlines()]
+    steps = [s for s in steps if s.get("phase") == "on_policy"]
+    assert [s["step"] for s in steps] == list(range(1, 11))
+    # Each step's samples came from the weights pushed after the previous step...
+    assert all(s["staleness_max"] == 0 and abs(s["ratio_mean"] - 1) < 1e-3 for s in steps)
+    # ...and the student moved toward the teacher on its own samples (GKD's JSD on the top-k).
+    first, last = sum(s["kd"] for s in steps[:3]) / 3, sum(s["kd"] for s in steps[-3:]) / 3
+    assert last < 0.9 * first, (first, last)  # 1e-3 gave 4.72 -> 4.02 in 10 steps
+    report = json.loads((run / "report.json").read_text())
+    assert report["mode"] == "on_policy" and set(report["heldout_accuracy"]) == {"teacher", "student"}
