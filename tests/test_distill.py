@@ -175,7 +175,9 @@ def test_offline_kd_end_to_end(offline_run, ray_cluster):
     assert again["model_path"] == report["model_path"] and set(again["phase_s"].values()) == {0.0}
 
 
-def test_seq_kd_trains_on_the_teachers_answers(offline_run, ray_cluster, tmp_path):
+def test_seq_kd_trains_on_the_teachers_answers(offline_run, ray_cluster, serve_url, tmp_path):
+    # serve_url: Serve is started (HTTP on a free port) before the pipeline deploys into it, as
+    # it is for the HTTP tests that share this cluster later.
     from raypost.eval.accuracy import greedy_completions
     from raypost.models.hf import load_causal_lm, load_tokenizer
 
@@ -215,7 +217,7 @@ def test_on_policy_reverse_kl_value_and_gradient_by_hand():
     assert logp.grad[0].tolist() == pytest.approx([-0.25, 0.5, 0.0])  # -A_t / 2
 
 
-def test_on_policy_distills_through_serve(offline_run, ray_cluster, tmp_path):
+def test_on_policy_distills_through_serve(offline_run, ray_cluster, serve_url, tmp_path):
     """The student samples on its replica (weights pushed every step), the teacher replica
     scores those tokens with its top-k, and the GKD divergence to the teacher goes down."""
     teacher = json.loads((offline_run / "report.json").read_text())["teacher_path"]

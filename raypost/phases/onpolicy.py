@@ -26,7 +26,7 @@ def _deploy(cfg: DistillConfig, teacher_path: str, student_path: str, weights_di
     from raypost.serve.rollout_app import build_app
 
     teacher_weights = weights_dir.with_name(weights_dir.name + "-teacher")  # never written: teacher stays fixed
-    serve.start(proxy_location="Disabled")  # handle calls only; no HTTP port is opened for this
+    serve.start(http_options={"host": "127.0.0.1"})  # a no-op if Serve runs (see phases.teacher_gen)
     apps = [(STUDENT_APP, student_path, weights_dir), (TEACHER_APP, teacher_path, teacher_weights)]
     serve.run_many([RunTarget(build_app(path, cfg.rollout.model_copy(update={"weights_dir": str(wdir)})),
                               name=name, route_prefix=None) for name, path, wdir in apps])  # both start at once

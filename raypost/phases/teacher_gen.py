@@ -34,7 +34,9 @@ def _generate(cfg: DistillConfig, teacher_path: str, prompts: list[list[int]],
 
     weights_dir = run_dir / "teacher_weights"  # stays empty: the replica serves the teacher as loaded
     weights_dir.mkdir(parents=True, exist_ok=True)
-    serve.start(proxy_location="Disabled")  # handle calls only; no HTTP port is opened for this
+    # Serve is cluster-wide and keeps the options it first started with: start it as every raypost
+    # app does (HTTP on loopback) if it is not running; a disabled proxy would break HTTP apps later.
+    serve.start(http_options={"host": "127.0.0.1"})
     serve.run(build_app(teacher_path, cfg.rollout.model_copy(update={"weights_dir": str(weights_dir)})),
               name=APP, route_prefix=None)
     try:
