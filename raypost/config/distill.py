@@ -18,6 +18,7 @@ from raypost.config.sections import (
     RunConfig,
     TinyModelConfig,
     absolute_if_local,
+    check_lora_zero,
 )
 from raypost.config.serve import RolloutConfig
 
@@ -125,6 +126,5 @@ class DistillConfig(StrictModel):
 
     @model_validator(mode="after")
     def _lora_zero(self) -> "DistillConfig":
-        if self.model.lora.enabled and self.deepspeed.zero_stage == 3:
-            raise ValueError("model.lora.enabled with deepspeed.zero_stage 3 is not supported; use zero_stage <= 2")
+        check_lora_zero(self.model, self.deepspeed)
         return self

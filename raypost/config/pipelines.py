@@ -13,6 +13,7 @@ from raypost.config.sections import (
     OptimConfig,
     ResourcesConfig,
     RunConfig,
+    check_lora_zero,
 )
 
 
@@ -40,6 +41,5 @@ class SFTConfig(StrictModel):
 
     @model_validator(mode="after")
     def _lora_zero(self) -> "SFTConfig":
-        if self.model.lora.enabled and self.deepspeed.zero_stage == 3:
-            raise ValueError("model.lora.enabled with deepspeed.zero_stage 3 is not supported; use zero_stage <= 2")
+        check_lora_zero(self.model, self.deepspeed)
         return self

@@ -107,6 +107,12 @@ class DataConfig(StrictModel):
         return self
 
 
+def check_lora_zero(model: ModelConfig, deepspeed: "DeepSpeedConfig") -> None:
+    """LoRA adapters are not supported under ZeRO-3 (parameters are partitioned)."""
+    if model.lora.enabled and deepspeed.zero_stage == 3:
+        raise ValueError("model.lora.enabled with deepspeed.zero_stage 3 is not supported; use zero_stage <= 2")
+
+
 class OptimConfig(StrictModel):
     """Optimizer, schedule and batch shape of a learner."""
 
