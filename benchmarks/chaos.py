@@ -173,6 +173,10 @@ GRPO_ARGS = ["--config", "examples/grpo_smoke.yaml", "--warmup.enabled", "false"
 PER_STEP = 16  # grpo_smoke: 4 prompts x 4 completions per step
 
 
+def eta_args(eta: int) -> list[str]:
+    return ["--async_rl.eta", str(eta)]
+
+
 @dataclass
 class GRPOJob:
     """One GRPO job on ``head``, its run folder, and what the drill saw."""
@@ -266,11 +270,11 @@ def _auth_env(head: LocalHead) -> None:
     os.environ.update({k: v for k, v in head.env().items() if k != "RAY_ADDRESS"})
 
 
-def _kill_drill(fault: str, class_prefix: str, extra: list[str], at_step: int, root: Path) -> dict[str, Any]:
+def _kill_drill(fault: str, class_prefix: str, extra: list[str], at_step: int, root: Path, eta: int) -> dict[str, Any]:
     """SIGKILL one actor of ``class_prefix`` once the job has trained ``at_step`` steps."""
     with LocalHead(num_cpus=4) as head:
         _auth_env(head)
-        job = GRPOJob(head, root, re.sub(r"\W+", "-", fault), 8, extra)
+        job = GRPOJob(head, root, re.sub(r"\W+", "-", fault), 8, [*extra, *eta_args(eta)])
         job_id = job.submit()
         job.wait_step(1, job_id)
         victims = _actor_pids(head, class_prefix)  # found ahead: the kill must land right after at_step
@@ -285,17 +289,17 @@ def _kill_drill(fault: str, class_prefix: str, extra: list[str], at_step: int, r
             **job.audit(t_fault, step_at_fault, logs)}
 
 
-def replica_drill(root: Path) -> dict[str, Any]:
-    return _kill_drill("rollout replica kill", "ServeReplica:rollout", ["--rollout.num_replicas", "2"], 2, root)
+def replica_drill(root: Path, eta: int) -> dict[str, Any]:
+    return _kill_drill("rollout replica kill", "ServeReplica:rollout", ["--rollout.num_replicas", "2"], 2, root, eta)
 
 
-def worker_drill(root: Path) -> dict[str, Any]:
+def worker_drill(root: Path, eta: int) -> dict[str, Any]:
     # Checkpoints at steps 3 and 6; the kill lands after step 4, so the steps after 3 are trained again.
     return _kill_drill("trainer worker kill", "RayTrainWorker",
-                       ["--run.max_failures", "1", "--run.checkpoint_every", "3"], 4, root)
+                       ["--run.max_failures", "1", "--run.checkpoint_every", "3"], 4, root, eta)
 
 
-def resubmit_drill(root: Path, fresh_store: bool = False) -> dict[str, Any]:
+def resubmit_drill(root: Path, eta: int, fresh_store: bool = False) -> dict[str, Any]:
     """Kill the whole head mid-run; restart it on the same Redis (or, ``fresh_store``, on an
     empty one: the way back when the GCS cannot reload its state); the wrapper re-submits."""
     with LocalRedis() as redis, LocalRedis() as fresh:
@@ -306,7 +310,7 @@ def resubmit_drill(root: Path, fresh_store: bool = False) -> dict[str, Any]:
         from raypost.utils.resubmit import submit_until_done
 
         name = "head-restart-fresh-store" if fresh_store else "head-restart-resubmit"
-        job = GRPOJob(head, root, name, 8, ["--run.checkpoint_every", "2"])
+        job = GRPOJob(head, root, name, 8, ["--run.checkpoint_every", "2", *eta_args(eta)])
         box: dict[str, Any] = {}
         wrapper = threading.Thread(target=lambda: box.update(out=submit_until_done(
             head.dashboard_url, job.entrypoint(), {"working_dir": str(ROOT)}, max_attempts=3, wait_head_s=300)))
@@ -366,11 +370,11 @@ def _wait_replicas(head: LocalHead, count: int, timeout: float = 300.0) -> float
     raise TimeoutError(f"rollout did not reach {count} running replicas within {timeout:.0f} s")
 
 
-def scale_drill(root: Path) -> dict[str, Any]:
+def scale_drill(root: Path, eta: int) -> dict[str, Any]:
     """1 -> 2 -> 1 rollout replicas from the CLI while GRPO trains (queue-depth target set high,
     so only the pins move it)."""
     extra = ["--rollout.autoscale_max_replicas", "2", "--rollout.target_ongoing_requests", "1000",
-             "--rollout.downscale_delay_s", "0", "--rollout.upscale_delay_s", "0"]
+             "--rollout.downscale_delay_s", "0", "--rollout.upscale_delay_s", "0", *eta_args(eta)]
     with LocalHead(num_cpus=4) as head:
         _auth_env(head)
         # long enough to outlast a second vLLM replica's start (~1 min) plus the scale-down
@@ -389,19 +393,21 @@ def scale_drill(root: Path) -> dict[str, Any]:
     return {"fault": "rollout 1-2-1", "injected": 2, "survived": status == "SUCCEEDED",
             **job.audit(t_fault, 0, logs), "scale_up_s": round(up_s, 1), "scale_down_s": round(down_s, 1),
             "staleness_max": max(r["staleness_max"] for r in rows),
-            "ratio_dev_max": round(max(abs(r["ratio_mean"] - 1) for r in rows), 4)}
+            "behav_ratio_dev_max": round(max(abs(r["behav_ratio_mean"] - 1) for r in rows), 4)}
 
 
 DRILLS = {"gcs": lambda a: gcs_drill(a.outage_s), "head": lambda a: head_drill(),
-          "replica": lambda a: replica_drill(a.root), "worker": lambda a: worker_drill(a.root),
-          "resubmit": lambda a: resubmit_drill(a.root), "resubmit-fresh": lambda a: resubmit_drill(a.root, True),
-          "scale": lambda a: scale_drill(a.root)}
+          "replica": lambda a: replica_drill(a.root, a.eta), "worker": lambda a: worker_drill(a.root, a.eta),
+          "resubmit": lambda a: resubmit_drill(a.root, a.eta),
+          "resubmit-fresh": lambda a: resubmit_drill(a.root, a.eta, True),
+          "scale": lambda a: scale_drill(a.root, a.eta)}
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drills", nargs="+", choices=sorted(DRILLS), default=list(DRILLS))
     parser.add_argument("--outage-s", type=float, default=10.0)
+    parser.add_argument("--eta", type=int, default=0, help="async_rl.eta of the GRPO drills (0: synchronous)")
     parser.add_argument("--root", type=Path, default=None, help="run folders of the GRPO drills (default: a temp dir)")
     args = parser.parse_args(argv)
     args.root = args.root or Path(tempfile.mkdtemp(prefix="raypost-chaos-"))

@@ -15,7 +15,8 @@ import pytest
 from tests.conftest import ROOT
 
 STEP_KEYS = ("reward_mean", "reward_std", "accuracy", "kl", "clip_frac", "entropy", "response_len",
-             "generate_s", "reward_s", "train_s", "push_s")
+             "generate_s", "reward_s", "train_s", "push_s", "staleness_p50", "staleness_p99", "learner_wait_frac",
+             "producer_wait_frac", "dropped_stale", "behav_ratio_mean")
 
 
 @pytest.fixture(scope="module")
@@ -52,25 +53,30 @@ def test_grpo_job_submit_and_resubmit(head, tmp_path, trained_reward_model):
     assert (run / "reward.png").stat().st_size > 1000
 
     # Re-submitting with a longer budget resumes after step 2: the warm-up is not redone,
-    # steps 3-4 are trained from new prompts and weight versions continue. The resumed run also
-    # adds the trained reward model to the verifier rewards in the reward service.
+    # steps 3-5 are trained from new prompts and weight versions continue. The resumed run is
+    # async (eta 1) and adds the trained reward model to the verifier rewards.
     rm = json.loads((trained_reward_model / "report.json").read_text())["model_path"]
-    out = submit(head, [*args, "--algo.steps", "4", "--reward.model.path", rm, "--reward.model.weight", "0.5"])
+    out = submit(head, [*args, "--algo.steps", "5", "--async_rl.eta", "1", "--reward.model.path", rm,
+                        "--reward.model.weight", "0.5"])
     assert "sft step" not in out
     grpo = grpo_rows(run)
-    assert [r["step"] for r in grpo] == [1, 2, 3, 4] and [r["weight_version"] for r in grpo] == [1, 2, 3, 4]
+    assert [r["step"] for r in grpo] == [1, 2, 3, 4, 5] and [r["weight_version"] for r in grpo] == [1, 2, 3, 4, 5]
     for r in grpo:
         for key in STEP_KEYS:
             assert key in r, key
+        assert r["dropped_stale"] == 0
+    for r in grpo[:2]:
         assert r["staleness_max"] == 0  # synchronous: every sample from the current version
-        # Synchronous GRPO: the learner's log-probs equal the replicas' behaviour log-probs of the same
-        # version, so the ratio stays at 1 (a stale or half-reloaded replica moves it).
-        assert abs(r["ratio_mean"] - 1.0) < 0.02, r["ratio_mean"]
+        # The learner's log-probs equal the replicas' behaviour log-probs of the same version, so
+        # pi_learner / pi_behaviour stays at 1 (a stale or half-reloaded replica moves it).
+        assert abs(r["behav_ratio_mean"] - 1.0) < 0.02, r["behav_ratio_mean"]
+    # Async: the producer generated the next batch while the learner trained, never 2 versions behind.
+    assert max(r["staleness_max"] for r in grpo[2:]) == 1
     for r in grpo[2:]:  # reward = accuracy + 0.1 format + 0.5 reward model, per sample, so in the mean too
         expected = r["score_accuracy"] + 0.1 * r["score_format"] + 0.5 * r["score_rm"]
         assert abs(r["reward_mean"] - expected) < 1e-4, (r["reward_mean"], expected)
     assert "score_rm" not in grpo[0]
     trained = [json.loads(x) for x in (run / "trained_samples.jsonl").read_text().splitlines()]
-    assert [t["step"] for t in trained] == [1, 2, 3, 4] and all(len(t["ids"]) == 16 for t in trained)
-    prompts = [t["ids"][0].split("#")[0] for t in trained]
-    assert len(set(prompts)) == 4, "each step draws new prompts; none is replayed after the resume"
+    assert [t["step"] for t in trained] == [1, 2, 3, 4, 5] and all(len(t["ids"]) == 16 for t in trained)
+    prompts = [p.split("#")[0] for t in trained for p in t["ids"]]
+    assert len(set(prompts)) == 5 * 4, "each step draws new prompts; none is replayed after the resume"

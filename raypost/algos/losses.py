@@ -1,9 +1,11 @@
 """Policy losses. Pure functions: tensors in, ``(loss, metrics)`` out.
 
 Shapes: ``logp, old_logp: [B, T]`` log-probs of the sampled tokens under the current policy
-and the policy that generated them (behaviour); ``adv: [B]`` one advantage per sequence;
-``mask: [B, T]`` 1 on completion tokens. Optional ``kl: [B, T]`` is added with weight
-``beta`` inside the same aggregation. ``B`` = sequences in this micro-batch.
+and the ratio's anchor (the behaviour policy, or the proximal one under an off-policy
+correction, see offpolicy.py); ``adv: [B]`` one advantage per sequence; ``mask: [B, T]`` 1 on
+completion tokens. Optional ``kl: [B, T]`` is added with weight ``beta`` inside the same
+aggregation; optional ``weight: [B, T]`` (importance weights, no gradient) scales each token's
+surrogate. ``B`` = sequences in this micro-batch.
 """
 
 from __future__ import annotations
@@ -23,13 +25,15 @@ class LossParams:
     max_tokens: int = 1  # Dr.GRPO's constant normalizer (the generation budget)
 
 
-def _clipped_objective(logp, old_logp, adv, p: LossParams):
+def _clipped_objective(logp, old_logp, adv, p: LossParams, weight=None):
     ratio = torch.exp(logp - old_logp)
     a = adv[:, None]
     unclipped = ratio * a
     clipped = torch.clamp(ratio, 1 - p.eps_low, 1 + p.eps_high) * a
     per_token = -torch.minimum(unclipped, clipped)
     clip_hit = (clipped < unclipped).float()  # the clip bound was the active term
+    if weight is not None:
+        per_token = per_token * weight
     return per_token, ratio, clip_hit
 
 
@@ -48,26 +52,26 @@ def _with_kl(per_token, kl, beta):
 
 
 @POLICY_LOSSES.register("grpo")
-def grpo_loss(logp, old_logp, adv, mask, p: LossParams, kl=None):
+def grpo_loss(logp, old_logp, adv, mask, p: LossParams, kl=None, weight=None):
     """GRPO: clipped surrogate, mean over each sequence's tokens, then mean over sequences."""
-    per_token, ratio, clip_hit = _clipped_objective(logp, old_logp, adv, p)
+    per_token, ratio, clip_hit = _clipped_objective(logp, old_logp, adv, p, weight)
     per_token = _with_kl(per_token, kl, p.beta) * mask
     per_seq = per_token.sum(1) / mask.sum(1).clamp(min=1)
     return per_seq.mean(), _metrics(per_token, ratio, clip_hit, mask, kl)
 
 
 @POLICY_LOSSES.register("dapo")
-def dapo_loss(logp, old_logp, adv, mask, p: LossParams, kl=None):
+def dapo_loss(logp, old_logp, adv, mask, p: LossParams, kl=None, weight=None):
     """DAPO: token-level mean over all tokens of the batch, clip-higher (eps_high > eps_low)."""
-    per_token, ratio, clip_hit = _clipped_objective(logp, old_logp, adv, p)
+    per_token, ratio, clip_hit = _clipped_objective(logp, old_logp, adv, p, weight)
     per_token = _with_kl(per_token, kl, p.beta) * mask
     return per_token.sum() / mask.sum().clamp(min=1), _metrics(per_token, ratio, clip_hit, mask, kl)
 
 
 @POLICY_LOSSES.register("dr_grpo")
-def dr_grpo_loss(logp, old_logp, adv, mask, p: LossParams, kl=None):
+def dr_grpo_loss(logp, old_logp, adv, mask, p: LossParams, kl=None, weight=None):
     """Dr.GRPO: sum over tokens divided by a constant (max_tokens), mean over sequences; no
     length normalization (pair with the 'grpo' advantage with std_normalize=False)."""
-    per_token, ratio, clip_hit = _clipped_objective(logp, old_logp, adv, p)
+    per_token, ratio, clip_hit = _clipped_objective(logp, old_logp, adv, p, weight)
     per_token = _with_kl(per_token, kl, p.beta) * mask
     return (per_token.sum(1) / p.max_tokens).mean(), _metrics(per_token, ratio, clip_hit, mask, kl)

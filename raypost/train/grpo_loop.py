@@ -1,9 +1,12 @@
-"""The GRPO learner: one Ray Train worker's loop (synchronous, eta = 0).
+"""The GRPO learner: one Ray Train worker's loop, synchronous (eta = 0) or async (eta >= 1).
 
-Rank 0 is the controller: it draws prompts in a deterministic order, collects G rollouts
-per prompt from the Serve vLLM replicas (generated with weight version k), scores them with
-the reward service and broadcasts the batch. Every rank recomputes log-probs of its slice
-under the current policy and steps the shared loss. Rank 0 then publishes version k+1.
+Rank 0 hosts the controller: a rollout producer (raypost.rl.producer) draws prompts in a
+deterministic order, gets G rollouts per prompt from the Serve vLLM replicas, scores them with
+the reward service and files them under admission control (raypost.rl.controller). Each step
+rank 0 takes the next batch, at most ``async_rl.eta`` weight versions old, and broadcasts it.
+Every rank recomputes log-probs of its slice under the current policy and steps the shared
+loss with the configured off-policy correction. Rank 0 then publishes version k+1. Sync and
+async differ only in eta: the learner and the loss are the same.
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ from typing import Any
 import ray.train
 import torch
 
-from raypost.algos import KL_ESTIMATORS, POLICY_LOSSES, LossParams
+from raypost.algos import KL_ESTIMATORS, OFF_POLICY, POLICY_LOSSES, LossParams
 from raypost.config.grpo import GRPOConfig
 from raypost.rl import groups as G
+from raypost.rl.controller import RolloutController, StalenessAdmission
+from raypost.rl.producer import RolloutProducer
 from raypost.rl.tensors import collate, sequences, token_logprobs
 from raypost.train import checkpointing
 from raypost.train.batches import micro_batches
@@ -33,6 +38,7 @@ def _learn(engine: Any, ref: Any, rows: list[dict], cfg: GRPOConfig, pad_id: int
     algo = cfg.algo
     params = LossParams(eps_low=algo.eps_low, eps_high=algo.eps_high, beta=algo.beta, max_tokens=algo.max_new_tokens)
     loss_fn, kl_fn = POLICY_LOSSES.get_fn(algo.loss), KL_ESTIMATORS.get_fn(algo.kl_estimator)
+    correct = OFF_POLICY.get_fn(cfg.async_rl.correction)
     sums: dict[str, float] = {}
     chunks = list(micro_batches(rows, cfg.optim.micro_batch_size))
     for mb in chunks:
@@ -44,7 +50,10 @@ def _learn(engine: Any, ref: Any, rows: list[dict], cfg: GRPOConfig, pad_id: int
             with torch.no_grad():
                 ref_logits = ref(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
             kl = kl_fn(logp, token_logprobs(ref_logits, b["targets"], algo.temperature)[0])
-        loss, m = loss_fn(logp, b["old_logp"], b["adv"], b["mask"], params, kl)
+        # One update per batch: the proximal policy is this forward's own (pre-update) log-probs.
+        anchor, weight, mask, m_is = correct(logp, logp.detach(), b["old_logp"], b["mask"], cfg.async_rl.is_cap)
+        loss, m = loss_fn(logp, anchor, b["adv"], mask, params, kl, weight)
+        m.update(m_is)
         engine.backward(loss)
         engine.step()
         n = b["mask"].sum().clamp(min=1)
@@ -66,21 +75,22 @@ def _rollout_metrics(groups: list[G.Group]) -> dict[str, float]:
             "truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples)}
 
 
-def _controller_batch(ctx: dict, cfg: GRPOConfig, state: checkpointing.ControllerState) -> tuple[list, dict]:
-    """Rank 0: collect, score and turn groups into sequences; advances the data cursor."""
-    consumed = [0]
-
-    def next_rows(k: int) -> list[dict]:
-        consumed[0] += k
-        return ctx["next_rows"](k)
-
-    groups, timing = G.collect(ctx["client"], ctx["reward"], next_rows, cfg.algo)
-    state.cursor += consumed[0]
+def _batch(producer: RolloutProducer, cfg: GRPOConfig, state: checkpointing.ControllerState,
+           base_cursor: int) -> tuple[list, dict]:
+    """Rank 0: the next batch from the producer as sequences, with rollout and async metrics."""
+    groups, wait_s = producer.take()
+    state.cursor = base_cursor + producer.ctl.head
     seqs = sequences(groups, G.advantages(groups, cfg.algo))
-    return seqs, {**_rollout_metrics(groups), **timing}
+    stale = torch.tensor([float(state.weight_version - s["version"]) for s in seqs])
+    timing = [g.timing for g in groups]
+    return seqs, {**_rollout_metrics(groups), **producer.stats(), "learner_wait_s": wait_s,
+                  "generate_s": max(t["gen_end"] for t in timing) - min(t["gen_start"] for t in timing),
+                  "reward_s": max(t["reward_s"] for t in timing), "staleness_max": float(stale.max()),
+                  "staleness_p50": float(stale.quantile(0.5)), "staleness_p99": float(stale.quantile(0.99))}
 
 
-def _setup_controller(cfg: GRPOConfig, state: checkpointing.ControllerState, config: dict) -> dict:
+def _start_producer(cfg: GRPOConfig, state: checkpointing.ControllerState, config: dict) -> RolloutProducer:
+    """The rollout producer on rank 0, from the restored data cursor and weight version."""
     from ray import serve
 
     from raypost.serve.rollout_client import RolloutClient
@@ -88,12 +98,14 @@ def _setup_controller(cfg: GRPOConfig, state: checkpointing.ControllerState, con
     rows = iter(ray.train.get_dataset_shard("prompts").iter_rows())
     for _ in range(state.cursor):  # prompts consumed before the checkpoint
         next(rows)
-    return {"client": RolloutClient("rollout", config["weights_dir"], cfg.rollout.max_attempts, chunk=1),
-            "reward": serve.get_app_handle("reward"), "next_rows": G.cycle_rows(rows)}
+    controller = RolloutController(StalenessAdmission(cfg.async_rl.eta, cfg.algo.prompts_per_step),
+                                   G.dynamic_sampling(cfg.algo), version=state.weight_version)
+    client = RolloutClient("rollout", config["weights_dir"], cfg.rollout.max_attempts, chunk=1)
+    return RolloutProducer(controller, client, serve.get_app_handle("reward"), lambda: next(rows), cfg.algo).start()
 
 
 def grpo_loop(config: dict[str, Any]) -> None:
-    """Ray Train entry: config = {cfg, model_path, run_dir, weights_dir}."""
+    """Ray Train entry: config = {cfg, model_path, run_dir, weights_dir, grad_accum}."""
     from raypost.models.hf import load_causal_lm
 
     cfg = GRPOConfig.model_validate(config["cfg"])
@@ -105,34 +117,47 @@ def grpo_loop(config: dict[str, Any]) -> None:
         dropped = checkpointing.rewind_logs(config["run_dir"], state.step, "grpo")
         log.info("resumed at step %d (cursor %d, weight version %d); %d log lines after it rewound",
                  state.step, state.cursor, state.weight_version, dropped)
-    controller = _setup_controller(cfg, state, config) if rank == 0 else None
     zero, weights_dir = cfg.deepspeed.zero_stage, config["weights_dir"]
     push_weights(engine, zero, state.weight_version, weights_dir, rank)  # replicas serve the restored weights
+    producer = _start_producer(cfg, state, config) if rank == 0 else None
     logger = MetricsLogger(config["run_dir"], rank == 0, cfg.run.wandb_mode, run_name=cfg.run.name,
                            config=config["cfg"])
-    progress = Progress(cfg.algo.steps, state.step, "grpo")
-    while state.step < cfg.algo.steps:
-        t0 = time.perf_counter()
-        seqs, metrics = _controller_batch(controller, cfg, state) if rank == 0 else (None, None)
-        seqs, metrics = broadcast_from_rank0((seqs, metrics), rank)
-        t1 = time.perf_counter()
-        metrics["staleness_max"] = max(state.weight_version - s["version"] for s in seqs)
-        metrics.update(_learn(engine, ref, seqs[rank::world], cfg, tok.pad_token_id))
-        metrics["train_s"] = time.perf_counter() - t1
-        state.step, state.weight_version = state.step + 1, state.weight_version + 1
-        state.cursor = broadcast_from_rank0(state.cursor, rank)
-        metrics["push_s"] = push_weights(engine, zero, state.weight_version, weights_dir, rank)
-        metrics.update(step_s=time.perf_counter() - t0, weight_version=state.weight_version, phase="grpo",
-                       gen_tokens_per_s=sum(len(s["ids"]) - s["start"] for s in seqs) / max(metrics["generate_s"], 1e-9))
-        if rank == 0:
-            logger.log(metrics, state.step)
-            checkpointing.log_trained(config["run_dir"], state.step, [s["sample_id"] for s in seqs])
-            if state.step % cfg.run.log_every == 0 or state.step == cfg.algo.steps:
-                log.info(progress.line(state.step, {k: metrics[k] for k in ("reward_mean", "accuracy", "loss",
-                                                                              "gen_tokens_per_s", "step_s")}))
-        last = state.step == cfg.algo.steps
-        if last or state.step % cfg.run.checkpoint_every == 0:
-            exporter = checkpointing.hf_exporter(engine, cfg.deepspeed.zero_stage, tok, rank) if last else None
-            checkpointing.save_and_report(engine, state, {"step": state.step, **metrics}, rank, exporter)
+    progress, base_cursor = Progress(cfg.algo.steps, state.step, "grpo"), state.cursor
+    started, waited = time.perf_counter(), 0.0
+    try:
+        while state.step < cfg.algo.steps:
+            t0 = time.perf_counter()
+            seqs, metrics = _batch(producer, cfg, state, base_cursor) if rank == 0 else (None, None)
+            seqs, metrics = broadcast_from_rank0((seqs, metrics), rank)
+            t1 = time.perf_counter()
+            metrics.update(_learn(engine, ref, seqs[rank::world], cfg, tok.pad_token_id))
+            metrics["train_s"] = time.perf_counter() - t1
+            state.step, state.weight_version = state.step + 1, state.weight_version + 1
+            state.cursor = broadcast_from_rank0(state.cursor, rank)
+            metrics["push_s"] = push_weights(engine, zero, state.weight_version, weights_dir, rank)
+            if producer is not None:
+                producer.advance(state.weight_version)
+            tokens, waited = sum(len(s["ids"]) - s["start"] for s in seqs), waited + metrics["learner_wait_s"]
+            metrics.update(step_s=time.perf_counter() - t0, weight_version=state.weight_version, phase="grpo",
+                           gen_tokens_per_s=tokens / max(metrics["generate_s"], 1e-9),
+                           trained_tokens_per_s=tokens / (time.perf_counter() - t0),
+                           learner_wait_frac=waited / (time.perf_counter() - started))
+            if rank == 0:
+                _log_step(logger, progress, cfg, state, metrics, seqs, config["run_dir"])
+            last = state.step == cfg.algo.steps
+            if last or state.step % cfg.run.checkpoint_every == 0:
+                exporter = checkpointing.hf_exporter(engine, cfg.deepspeed.zero_stage, tok, rank) if last else None
+                checkpointing.save_and_report(engine, state, {"step": state.step, **metrics}, rank, exporter)
+    finally:
+        if producer is not None:
+            producer.stop()
     logger.finish()
 
+
+def _log_step(logger: MetricsLogger, progress: Progress, cfg: GRPOConfig, state: checkpointing.ControllerState,
+              metrics: dict, seqs: list, run_dir: str) -> None:
+    logger.log(metrics, state.step)
+    checkpointing.log_trained(run_dir, state.step, [s["sample_id"] for s in seqs])
+    if state.step % cfg.run.log_every == 0 or state.step == cfg.algo.steps:
+        log.info(progress.line(state.step, {k: metrics[k] for k in ("reward_mean", "accuracy", "loss",
+                                                                      "gen_tokens_per_s", "staleness_max", "step_s")}))

@@ -1,0 +1,147 @@
+"""The rollout producer: keeps the Serve rollout replicas busy and the controller fed.
+
+It runs on the learner's rank 0 in a thread with its own event loop. Whenever the
+controller has capacity it admits the next prompt, asks the rollout app for G completions
+(one request per group, so Serve spreads groups over replicas and a replica added by
+scaling gets work at once), scores them on the reward app and files the group. The learner
+calls ``take`` for the next batch and ``advance`` after each weight push.
+
+Weight pushes reach a replica between requests: it drains its in-flight requests, reloads and
+serves the rest with the new version (raypost.serve.rollout_app). Generation is not
+interrupted mid-request; every sample carries the version it was generated with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from raypost.config.grpo import AlgoConfig
+from raypost.rl import groups as G
+from raypost.rl.controller import RolloutController
+
+log = logging.getLogger("raypost.producer")
+
+
+class RolloutProducer:
+    def __init__(self, controller: RolloutController, client: Any, reward: Any, next_row: Callable[[], dict],
+                 algo: AlgoConfig) -> None:
+        self.ctl, self.client, self.reward, self.next_row, self.algo = controller, client, reward, next_row, algo
+        self.cond = threading.Condition()
+        self.error: BaseException | None = None
+        self.exhausted = self.stopping = False
+        self.capacity_wait_s = 0.0
+        self.started = time.perf_counter()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), name="raypost-producer", daemon=True)
+
+    # -- learner side ---------------------------------------------------------------------
+    def start(self) -> "RolloutProducer":
+        self._thread.start()
+        return self
+
+    def take(self) -> tuple[list[G.Group], float]:
+        """Block until the next batch is complete; returns (groups, seconds waited)."""
+        t0 = time.perf_counter()
+        with self.cond:
+            while not self.ctl.ready():
+                if self.error is not None:
+                    raise RuntimeError(f"rollout producer failed: {self.error!r}") from self.error
+                if self.exhausted and not self.ctl.running:
+                    raise RuntimeError("the prompt order ran out before the last step; raise data size or "
+                                       "lower algo.steps")
+                self.cond.wait(timeout=1.0)
+            groups = self.ctl.take()
+        self._notify()
+        return groups, time.perf_counter() - t0
+
+    def advance(self, version: int) -> None:
+        with self.cond:
+            self.ctl.advance(version)
+        self._notify()
+
+    def stats(self) -> dict[str, float]:
+        with self.cond:
+            return {"in_flight": len(self.ctl.running), "buffered": sum(g is not None for g in self.ctl.done.values()),
+                    "dropped_stale": self.ctl.dropped_stale, "groups_dropped": self.ctl.dropped_filtered,
+                    "producer_wait_frac": self.capacity_wait_s / max(time.perf_counter() - self.started, 1e-9)}
+
+    def stop(self) -> None:
+        self.stopping = True
+        self._notify()
+        self._thread.join(timeout=60)
+
+    def _notify(self) -> None:
+        if self._loop is not None and self._wake is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    # -- producer thread ------------------------------------------------------------------
+    async def _main(self) -> None:
+        self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+        tasks: set[asyncio.Task] = set()
+        try:
+            while not self.stopping and not self.exhausted and self.error is None:
+                ticket = await self._admit()
+                if ticket is None:
+                    continue
+                try:
+                    row = self.next_row()
+                except StopIteration:
+                    with self.cond:
+                        self.exhausted = True
+                        self.ctl.withdraw(ticket)
+                        self.cond.notify_all()
+                    break
+                task = asyncio.create_task(self._one(ticket, row))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            while tasks and not self.stopping and self.error is None:
+                self._wake.clear()
+                await self._wake_or_timeout()
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _wake_or_timeout(self) -> None:
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout=0.5)
+        except asyncio.TimeoutError:
+            pass
+
+    async def _admit(self) -> int | None:
+        """A ticket once the controller has capacity (time spent waiting is counted)."""
+        t0 = time.perf_counter()
+        while not self.stopping:
+            self._wake.clear()  # before the check: a notify after it wakes the wait below
+            with self.cond:
+                ticket = self.ctl.admit()
+            if ticket is not None:
+                self.capacity_wait_s += time.perf_counter() - t0
+                return ticket
+            await self._wake_or_timeout()
+        return None
+
+    async def _one(self, ticket: int, row: dict) -> None:
+        try:
+            t0 = time.perf_counter()
+            out = (await self.client.agenerate([row["prompt_ids"]], self.algo.group_size, G.sampling(self.algo)))[0]
+            group, t1 = G.to_group(row, out), time.perf_counter()
+            scores = await self.reward.score.remote(*G.reward_args([group]))
+            G.apply_scores([group], scores, self.algo)
+            group.timing = {"gen_start": t0, "gen_end": t1, "reward_s": time.perf_counter() - t1}
+            with self.cond:
+                self.ctl.complete(ticket, group)
+                self.cond.notify_all()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as err:  # noqa: BLE001 - surfaced to the learner by take()
+            log.error("rollout group %d failed: %r", ticket, err)
+            with self.cond:
+                self.error = err
+                self.cond.notify_all()
+            self._notify()
