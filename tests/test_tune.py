@@ -111,3 +111,52 @@ def test_asha_sweep_restores_after_driver_kill_and_best_config_reproduces(ray_cl
     run_pipeline("sft.py", ["--config", str(sweep / "best_config.yaml")], ray_cluster, timeout=600)
     report = json.loads((tmp_path / "sweep-best" / "report.json").read_text())
     assert report["final_metrics"]["eval_loss"] == pytest.approx(results["best_metric"], rel=0.02)
+
+
+def _pbt_space(tmp_path: Path) -> Path:
+    space = {
+        "pipeline": "sft", "metric": "eval_loss", "mode": "min", "num_samples": 1, "max_concurrent_trials": 2,
+        # two trials: after each report the worse one (bottom half) restarts from the better one's checkpoint,
+        # with the better one's lr times 0.8 or 1.2 (no resampling)
+        "scheduler": {"type": "pbt", "perturbation_interval": 1, "quantile_fraction": 0.5,
+                      "resample_probability": 0.0},
+        "search": {"type": "grid"},
+        "base": {"model": {"tiny": TINY}, "data": {"synthetic": {"num_train": 400, "num_eval": 40}},
+                 "resources": {"num_workers": 1, "cpus_per_worker": 0.5, "torch_threads": 1},
+                 "optim": {"scheduler": "constant", "warmup_ratio": 0.0},
+                 "train": {"max_steps": STEPS, "eval_every": EVERY},
+                 "run": {"checkpoint_every": EVERY, "keep_checkpoints": 1, "wandb_mode": "disabled", "log_every": 4}},
+        "params": {"optim.lr": {"grid": [GOOD_LR, BAD_LR]}},
+    }
+    path = tmp_path / "sft_pbt.yaml"
+    path.write_text(yaml.safe_dump(space))
+    return path
+
+
+@pytest.mark.timeout(1200)
+def test_pbt_exploit_restarts_from_the_better_trial_with_a_perturbed_lr(ray_cluster, tmp_path):
+    cmd = [sys.executable, str(ROOT / "pipelines" / "tune.py"), "--pipeline", "sft", "--space",
+           str(_pbt_space(tmp_path)), "--storage", str(tmp_path), "--name", "pbt"]
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1100)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    sweep = tmp_path / "pbt"
+    lineage = {p.parent.name: [json.loads(x) for x in p.read_text().splitlines()]
+               for p in sweep.glob("trials/*/pbt_segments.jsonl")}
+    assert len(lineage) == 2
+    # The bad-lr trial restarted from a checkpoint of the other trial, mid-run, with a new lr.
+    exploits = [(trial, seg) for trial, segs in lineage.items() for seg in segs
+                if seg["start_from"] and f"/trials/{trial}/" not in seg["start_from"]]
+    assert exploits, lineage
+    trial, seg = exploits[0]
+    assert 0 < seg["step"] < STEPS and seg["step"] % EVERY == 0
+    assert seg["lr"] in (pytest.approx(GOOD_LR * 0.8), pytest.approx(GOOD_LR * 1.2)), seg
+    # Its next segment continued the donor's run at the next step, and trained with its own lr
+    # (constant schedule: the logged lr is the base lr), not the lr stored in the donor's checkpoint.
+    run = sweep / "trials" / trial / seg["segment"]
+    assert _trained_steps(run)[0] == seg["step"] + 1
+    logged = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["lr"] == pytest.approx(seg["lr"]) for r in logged if "lr" in r)
+    results = json.loads((sweep / "results.json").read_text())
+    assert all(t["state"] == "completed" for t in results["trials"])
+    assert (sweep / "best_model" / "model.safetensors").is_file()

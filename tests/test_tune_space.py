@@ -141,3 +141,26 @@ def test_trial_resources_add_the_learner_serve_replicas_and_trial_actor():
     assert trial_resources(load_space(ROOT / "tune_spaces" / "sft_quick.yaml"))["CPU"] == pytest.approx(0.6)
     # distill_quick: the learner (1 x 0.5) and the teacher pass (0.5) take turns, + 0.1
     assert trial_resources(load_space(ROOT / "tune_spaces" / "distill_quick.yaml"))["CPU"] == pytest.approx(0.6)
+
+
+def test_pbt_searches_only_what_a_restart_can_change(tmp_path):
+    pbt = {"scheduler": {"type": "pbt"}}
+    with pytest.raises(ConfigError, match=r"pbt can only change optim.lr, optim.weight_decay.*micro_batch_size"):
+        load_space(_write(tmp_path, {"optim.lr": {"uniform": [1e-4, 1e-3]},
+                                     "optim.micro_batch_size": {"choice": [4, 8]}}, **pbt))
+    with pytest.raises(ConfigError, match="pbt runs sft sweeps"):
+        load_space(_write(tmp_path, {"optim.lr": {"uniform": [1e-4, 1e-3]}}, **{**pbt, "pipeline": "grpo",
+                                                                                  "metric": "reward_mean"}))
+
+
+def test_pbt_mutations_are_the_space_params(tmp_path):
+    from ray.tune.schedulers import PopulationBasedTraining
+
+    from raypost.tune.sweep import scheduler
+
+    space = load_space(_write(tmp_path, {"optim.lr": {"loguniform": [1e-4, 1e-2]}},
+                              scheduler={"type": "pbt", "perturbation_interval": 3, "quantile_fraction": 0.5}))
+    pbt = scheduler(space)
+    assert isinstance(pbt, PopulationBasedTraining)
+    assert set(pbt._hyperparam_mutations) == {"optim.lr"}
+    assert (pbt._perturbation_interval, pbt._quantile_fraction) == (3, 0.5)

@@ -23,10 +23,11 @@ log = logging.getLogger("raypost")
 
 @dataclass
 class SFTResult:
-    model_path: str
-    steps: int
+    model_path: str  # the HF export (present once the run reached its last step)
+    steps: int  # the run's planned total
     wall_s: float
     metrics: dict[str, Any] = field(default_factory=dict)
+    checkpoint_path: str = ""  # the run's latest checkpoint
 
 
 def plan_steps(cfg: SFTConfig, num_rows: int) -> int:
@@ -40,9 +41,13 @@ def plan_steps(cfg: SFTConfig, num_rows: int) -> int:
 
 
 def run_sft(cfg: SFTConfig, model_path: str, data: PreparedData, run_dir: Path,
-            teacher: TeacherSignal | None = None) -> SFTResult:
+            teacher: TeacherSignal | None = None, start_from: str | None = None,
+            stop_at: int | None = None, report_to_tune: bool = True) -> SFTResult:
     """Train; returns the exported HF model (inside the final checkpoint) and its metrics.
-    With ``teacher``, the packed rows get the teacher's top-k and the loss is offline KD."""
+    With ``teacher``, the packed rows get the teacher's top-k and the loss is offline KD.
+    ``start_from`` (a checkpoint of another run) and ``stop_at`` (a step) run one segment of
+    the schedule: PBT's trials (raypost.tune.trials), which report to Tune themselves
+    (``report_to_tune=False``)."""
     check_resources({"resources (learner)": learner_request(cfg.resources)})
     rows = preprocess.sft_rows(data.train, cfg.data, cfg.train.epochs, cfg.run.seed)
     if teacher is not None:
@@ -54,12 +59,14 @@ def run_sft(cfg: SFTConfig, model_path: str, data: PreparedData, run_dir: Path,
     log.info("sft: %d packed rows, %d steps on %d workers", rows.count(), total, cfg.resources.num_workers)
     t0 = time.time()
     result = fit(sft_loop, {"cfg": cfg.model_dump(mode="json"), "model_path": model_path, "run_dir": str(run_dir),
-                            "total_steps": total, "kd": teacher.kd if teacher else None},
-                 cfg.resources, cfg.run, {"train": rows, "eval": eval_rows})
+                            "total_steps": total, "kd": teacher.kd if teacher else None,
+                            "start_from": start_from, "stop_at": stop_at},
+                 cfg.resources, cfg.run, {"train": rows, "eval": eval_rows}, report_to_tune=report_to_tune)
     if result.error is not None:
         raise result.error
     ckpt_dir = Path(result.checkpoint.path)
-    return SFTResult(str(ckpt_dir / checkpointing.HF_DIR), total, time.time() - t0, dict(result.metrics or {}))
+    return SFTResult(str(ckpt_dir / checkpointing.HF_DIR), total, time.time() - t0, dict(result.metrics or {}),
+                     str(ckpt_dir))
 
 
 def evaluate(cfg: SFTConfig, model_path: str, data: PreparedData) -> dict[str, Any]:

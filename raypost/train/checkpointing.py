@@ -52,9 +52,12 @@ def save_and_report(engine: Any, state: ControllerState, metrics: dict[str, Any]
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
 
-def restore(engine: Any) -> ControllerState:
-    """Load the latest checkpoint into ``engine``; a fresh state when there is none."""
+def restore(engine: Any, start_from: str | None = None) -> ControllerState:
+    """Load the latest checkpoint of this run into ``engine``, else the one at ``start_from``
+    (a checkpoint folder of another run: PBT's exploit), else return a fresh state."""
     ckpt = ray.train.get_checkpoint()
+    if ckpt is None and start_from is not None:
+        ckpt = ray.train.Checkpoint(start_from)
     if ckpt is None:
         return ControllerState()
     with ckpt.as_directory() as d:

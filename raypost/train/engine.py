@@ -69,6 +69,17 @@ def build_engine(model: torch.nn.Module, optim: OptimConfig, ds: DeepSpeedConfig
     return engine
 
 
+def set_hyperparams(engine: Any, optim: OptimConfig) -> None:
+    """Apply ``optim``'s lr and weight decay to a restored engine (PBT's explore changes them;
+    a plain resume sets the values the checkpoint already holds). The schedule keeps its step:
+    the lr becomes the new base lr times the schedule's factor at that step."""
+    sched = engine.lr_scheduler
+    sched.base_lrs = [optim.lr for _ in sched.base_lrs]
+    for group, lr in zip(sched.optimizer.param_groups, sched.get_lr()):
+        group["lr"], group["initial_lr"], group["weight_decay"] = lr, optim.lr, optim.weight_decay
+    sched._last_lr = [g["lr"] for g in sched.optimizer.param_groups]
+
+
 def full_state_dict(engine: Any, zero_stage: int) -> dict[str, torch.Tensor] | None:
     """The whole model's weights on rank 0 (ZeRO-3 gathers them; every rank must call)."""
     import torch.distributed as dist

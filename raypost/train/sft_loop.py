@@ -18,7 +18,7 @@ import torch.distributed as dist
 from raypost.config import SFTConfig
 from raypost.train import checkpointing
 from raypost.train.batches import collate, micro_batches, rank_slice
-from raypost.train.engine import setup_learner
+from raypost.train.engine import set_hyperparams, setup_learner
 from raypost.train.objectives import Objective, cross_entropy, objective_for
 from raypost.utils.metrics import MetricsLogger, Progress
 
@@ -75,12 +75,16 @@ def train_step(engine: Any, rows: list[dict[str, Any]], pad_id: int, micro: int,
 
 def sft_loop(config: dict[str, Any]) -> None:
     """Ray Train entry: ``config`` = {cfg: SFTConfig dict, model_path, run_dir, total_steps,
-    optional kd: KDParams fields (offline distillation; rows then carry teacher columns)}."""
+    optional kd: KDParams fields (offline distillation; rows then carry teacher columns),
+    optional start_from: a checkpoint folder to start from when this run has none, optional
+    stop_at: a step to stop at (after its checkpoint) before total_steps (PBT segments)}."""
     cfg = SFTConfig.model_validate(config["cfg"])
     total = int(config["total_steps"])
     objective = objective_for(config.get("kd"))
     rank, world, tokenizer, engine = setup_learner(cfg, config["model_path"], cfg.optim, total)
-    state = checkpointing.restore(engine)
+    state = checkpointing.restore(engine, config.get("start_from"))
+    set_hyperparams(engine, cfg.optim)
+    stop_at = min(total, int(config.get("stop_at") or total))
     if rank == 0 and state.step:
         dropped = checkpointing.rewind_logs(config["run_dir"], state.step, "sft")
         log.info("resumed at step %d (cursor %d); %d log lines after it rewound", state.step, state.cursor, dropped)
@@ -120,9 +124,9 @@ def sft_loop(config: dict[str, Any]) -> None:
             logger.log(metrics, state.step)
             if rank == 0:
                 log.info(progress.line(state.step, {k: v for k, v in metrics.items() if k != "phase"}))
-        if last or state.step % cfg.run.checkpoint_every == 0:
+        if last or state.step == stop_at or state.step % cfg.run.checkpoint_every == 0:
             exporter = checkpointing.hf_exporter(engine, cfg.deepspeed.zero_stage, tokenizer, rank) if last else None
             checkpointing.save_and_report(engine, state, {"step": state.step, **metrics}, rank, exporter)
-        if last:
+        if last or state.step >= stop_at:
             break
     logger.finish()

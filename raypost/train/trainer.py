@@ -30,7 +30,8 @@ def learner_request(res: ResourcesConfig) -> dict[str, float]:
 
 
 def fit(loop: Callable[[dict[str, Any]], None], loop_config: dict[str, Any], res: ResourcesConfig,
-        run: RunConfig, datasets: dict[str, ray.data.Dataset], name: str | None = None) -> ray.train.Result:
+        run: RunConfig, datasets: dict[str, ray.data.Dataset], name: str | None = None,
+        report_to_tune: bool = True) -> ray.train.Result:
     """TorchTrainer.fit(); re-running with the same run name and storage resumes.
 
     Datasets are not split: every worker reads the same deterministic order and takes its
@@ -38,9 +39,10 @@ def fit(loop: Callable[[dict[str, Any]], None], loop_config: dict[str, Any], res
     """
     from ray.tune.trainable.trainable_fn_utils import _in_tune_session
 
-    # Inside a Tune trial, every report (metrics + checkpoint path) also goes to Tune.
+    # Inside a Tune trial, every report (metrics + checkpoint path) also goes to Tune, unless the
+    # trial reports itself (PBT: one report with a Tune checkpoint per segment).
     callbacks = []
-    if _in_tune_session():
+    if report_to_tune and _in_tune_session():
         from ray.tune.integration.ray_train import TuneReportCallback
 
         callbacks.append(TuneReportCallback())

@@ -30,6 +30,10 @@ from raypost.config.base import ConfigError, StrictModel, build, deep_merge, loa
 from raypost.config.registry import config_class
 
 DISTRIBUTIONS = ("loguniform", "uniform", "choice", "grid", "randint", "qloguniform")
+# What a PBT trial may change when it restarts from another trial's checkpoint: the optimizer's
+# lr and weight decay. The batch shape and the schedule's length are fixed by the checkpoint's
+# data cursor and step.
+PBT_MUTABLE = ("optim.lr", "optim.weight_decay")
 
 
 class Distribution(StrictModel):
@@ -94,10 +98,14 @@ class Distribution(StrictModel):
 class SchedulerSpec(StrictModel):
     """Trial scheduler. ``max_t``/``grace_period`` count reports (training_iteration)."""
 
-    type: Literal["fifo", "asha", "hyperband"] = Field("asha", description="Scheduler.")
+    type: Literal["fifo", "asha", "hyperband", "pbt"] = Field("asha", description="Scheduler.")
     max_t: int = Field(10, ge=1, le=1_000_000, description="Max reports per trial (asha, hyperband).")
     grace_period: int = Field(1, ge=1, le=1_000_000, description="Reports before ASHA may stop a trial.")
     reduction_factor: float = Field(2.0, ge=1.1, le=100.0, description="ASHA/HyperBand halving rate.")
+    perturbation_interval: int = Field(2, ge=1, le=1_000_000, description="PBT: reports between exploit/explore.")
+    quantile_fraction: float = Field(0.25, gt=0.0, le=0.5, description="PBT: bottom fraction that copies the top.")
+    resample_probability: float = Field(0.25, ge=0.0, le=1.0, description="PBT: chance to resample instead of "
+                                                                           "perturbing a value by 0.8x/1.2x.")
 
 
 class SearchSpec(StrictModel):
@@ -120,6 +128,21 @@ class SpaceFile(StrictModel):
     search: SearchSpec = Field(default_factory=SearchSpec, description="Search algorithm.")
     base: dict[str, Any] = Field(default_factory=dict, description="Pipeline overrides shared by every trial.")
     params: dict[str, Distribution] = Field(..., min_length=1, description="Dotted config key -> distribution.")
+
+    @model_validator(mode="after")
+    def _pbt_mutates_what_resume_can_change(self) -> "SpaceFile":
+        if self.scheduler.type != "pbt":
+            return self
+        if self.pipeline != "sft":
+            raise ValueError(f"scheduler pbt runs sft sweeps (trials resume each other's SFT checkpoints); "
+                             f"use asha or hyperband for {self.pipeline}")
+        fixed = [k for k in self.params if k not in PBT_MUTABLE]
+        if fixed:
+            raise ValueError(f"scheduler pbt can only change {', '.join(PBT_MUTABLE)} when a trial restarts from "
+                             f"another's checkpoint; move {', '.join(fixed)} to base")
+        if self.search.type not in ("random", "grid"):
+            raise ValueError("scheduler pbt draws its first configs itself; use search: random")
+        return self
 
 
 def leaf_field(model: type[StrictModel], dotted: str) -> None:

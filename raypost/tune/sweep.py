@@ -63,9 +63,14 @@ def check_sweep(space: SpaceFile) -> None:
 
 
 def scheduler(space: SpaceFile) -> Any:
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, HyperBandScheduler
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, HyperBandScheduler, PopulationBasedTraining
 
     s = space.scheduler
+    if s.type == "pbt":
+        return PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=s.perturbation_interval,
+                                       hyperparam_mutations={k: d.to_tune() for k, d in space.params.items()},
+                                       quantile_fraction=s.quantile_fraction,
+                                       resample_probability=s.resample_probability)
     if s.type == "asha":
         return ASHAScheduler(time_attr="training_iteration", max_t=s.max_t, grace_period=s.grace_period,
                              reduction_factor=s.reduction_factor)

@@ -27,6 +27,51 @@ def _sft(cfg: SFTConfig, run_dir: Path) -> None:
     sft_phase.run_sft(cfg, model_path, data, run_dir)
 
 
+def _sft_pbt(cfg: SFTConfig, run_dir: Path) -> None:
+    """PBT: the SFT run in segments of run.checkpoint_every steps, one Tune report per segment
+    with a Tune checkpoint that points at the segment's Train checkpoint. When PBT's exploit
+    restarts this trial from a better trial's checkpoint (or Tune restores the sweep), the next
+    segment starts from the pointed-to checkpoint with this trial's own, possibly perturbed, lr
+    and weight decay. Each segment is a fresh Train run, so nothing resumes the old lineage."""
+    import tempfile
+    import uuid
+
+    from ray import tune
+
+    from raypost.phases import data as data_phase
+    from raypost.phases import sft as sft_phase
+
+    model_path, data = data_phase.prepare(cfg.data, cfg.model, run_dir)
+    start, step = _pbt_pointer(tune.get_checkpoint())
+    while True:
+        name = f"seg-{step:06d}-{uuid.uuid4().hex[:6]}"
+        seg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"storage_path": str(run_dir), "name": name})})
+        with open(run_dir / PBT_LOG, "a") as fh:  # the trial's lineage, one line per segment
+            fh.write(json.dumps({"segment": name, "start_from": start, "step": step, "lr": cfg.optim.lr,
+                                 "weight_decay": cfg.optim.weight_decay}) + "\n")
+        result = sft_phase.run_sft(seg, model_path, data, run_dir / name, start_from=start,
+                                   stop_at=step + cfg.run.checkpoint_every, report_to_tune=False)
+        start, step = result.checkpoint_path, int(result.metrics["step"])
+        with tempfile.TemporaryDirectory(prefix="raypost-pbt-") as d:
+            (Path(d) / PBT_POINTER).write_text(json.dumps({"train_checkpoint": start, "step": step}))
+            tune.report({**result.metrics, "checkpoint_path": start}, checkpoint=tune.Checkpoint.from_directory(d))
+        if step >= result.steps:
+            return
+
+
+PBT_POINTER = "pbt_pointer.json"
+PBT_LOG = "pbt_segments.jsonl"
+
+
+def _pbt_pointer(ckpt: Any) -> tuple[str | None, int]:
+    """(Train checkpoint, step) a PBT trial continues from; (None, 0) for a fresh trial."""
+    if ckpt is None:
+        return None, 0
+    with ckpt.as_directory() as d:
+        pointer = json.loads((Path(d) / PBT_POINTER).read_text())
+    return pointer["train_checkpoint"], int(pointer["step"])
+
+
 def _grpo(cfg: GRPOConfig, run_dir: Path) -> None:
     """GRPO from the sweep's shared warm-up model (see ``shared_start``)."""
     import ray
@@ -89,7 +134,8 @@ def run_trial(params: dict[str, Any], space: dict[str, Any], sweep_dir: str) -> 
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_yaml(cfg, run_dir / "config.yaml")
-    TRIAL_BODIES[spec.pipeline](cfg, run_dir)
+    body = _sft_pbt if spec.scheduler.type == "pbt" else TRIAL_BODIES[spec.pipeline]
+    body(cfg, run_dir)
 
 
 def _grpo_warmup(space: SpaceFile, sweep_dir: Path) -> dict[str, Any]:
