@@ -77,7 +77,10 @@ class RolloutProducer:
 
     def _notify(self) -> None:
         if self._loop is not None and self._wake is not None:
-            self._loop.call_soon_threadsafe(self._wake.set)
+            try:
+                self._loop.call_soon_threadsafe(self._wake.set)
+            except RuntimeError:  # the producer's loop has ended (stopped, or failed: take() raises that)
+                pass
 
     # -- producer thread ------------------------------------------------------------------
     async def _main(self) -> None:
