@@ -164,3 +164,11 @@ def test_pbt_mutations_are_the_space_params(tmp_path):
     assert isinstance(pbt, PopulationBasedTraining)
     assert set(pbt._hyperparam_mutations) == {"optim.lr"}
     assert (pbt._perturbation_interval, pbt._quantile_fraction) == (3, 0.5)
+
+
+def test_pbt_scales_numeric_grid_values_and_steps_through_others():
+    from raypost.tune.sweep import pbt_mutation
+
+    numeric = pbt_mutation(Distribution(grid=[3e-3, 1e-6]))
+    assert callable(numeric) and {numeric() for _ in range(50)} == {3e-3, 1e-6}  # scaled by Tune, or resampled
+    assert pbt_mutation(Distribution(choice=["cosine", "linear"])) == ["cosine", "linear"]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import random
 from pathlib import Path
 from typing import Any
 
 from raypost.config import ConfigError
-from raypost.tune.space import SpaceFile, trial_config
+from raypost.tune.space import Distribution, SpaceFile, trial_config
 
 log = logging.getLogger("raypost")
 
@@ -62,13 +64,25 @@ def check_sweep(space: SpaceFile) -> None:
                      for i in range(space.max_concurrent_trials)})
 
 
+def pbt_mutation(dist: Distribution) -> Any:
+    """What PBT's explore does with a param: ranges resample from the distribution or scale the
+    value by 0.8/1.2; numeric grid/choice values resample from the list or scale too (a list
+    would only step to a neighbouring value); other lists step to a neighbour."""
+    values = dist.grid or dist.choice
+    if values is None:
+        return dist.to_tune()
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return functools.partial(random.choice, list(values))
+    return list(values)
+
+
 def scheduler(space: SpaceFile) -> Any:
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, HyperBandScheduler, PopulationBasedTraining
 
     s = space.scheduler
     if s.type == "pbt":
         return PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=s.perturbation_interval,
-                                       hyperparam_mutations={k: d.to_tune() for k, d in space.params.items()},
+                                       hyperparam_mutations={k: pbt_mutation(d) for k, d in space.params.items()},
                                        quantile_fraction=s.quantile_fraction,
                                        resample_probability=s.resample_probability)
     if s.type == "asha":
