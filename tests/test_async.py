@@ -165,3 +165,15 @@ def test_corrections_agree_on_policy():
         anchor, w, m, metrics = OFF_POLICY.get_fn(name)(logp, logp, logp, torch.ones(1, 2), 2.0)
         assert torch.allclose(w, torch.ones(1, 2)) and metrics["behav_ratio_mean"] == pytest.approx(1.0)
         assert math.isclose(float(torch.exp(logp - anchor).mean()), 1.0)
+
+
+def test_async_config_errors_name_the_field():
+    from raypost.config import ConfigError, load_config
+    from raypost.config.grpo import GRPOConfig
+
+    with pytest.raises(ConfigError, match=r"async_rl.eta"):
+        load_config(GRPOConfig, ["--async_rl.eta", "-1"])
+    with pytest.raises(ConfigError, match=r"async_rl.correction"):
+        load_config(GRPOConfig, ["--async_rl.correction", "ppo"])
+    with pytest.raises(ConfigError, match=r"did you mean 'async_rl.eta'"):
+        load_config(GRPOConfig, ["--async_rl.etta", "1"])
