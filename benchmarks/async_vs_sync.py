@@ -81,18 +81,25 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--eval-n", type=int, default=100)
-    ap.add_argument("--sync-seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--sync-seeds", type=int, nargs="*", default=[0, 1, 2])
     ap.add_argument("--async-seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--etas", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--no-coloc", action="store_true", help="skip the colocated eta 0 row")
+    ap.add_argument("--merge", type=Path, default=None, help="an earlier run's JSON whose variants join the table "
+                                                              "(same workload; e.g. to add async seeds)")
     ap.add_argument("--model", default=None, help="start every variant from this warmed-up HF model "
                                                   "(default: the first variant's own SFT warm-up)")
     args = ap.parse_args()
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     disagg_env = {**env, "VLLM_CPU_OMP_THREADS_BIND": "0"}
     results, model = [], args.model and str(Path(args.model).resolve())
+    if args.merge:
+        results = json.loads(args.merge.read_text())["results"]
     plan = [(f"eta0_disagg_s{s}", 0, s, DISAGG, disagg_env) for s in args.sync_seeds]
     plan += [(f"eta{e}_disagg_s{s}", e, s, DISAGG, disagg_env) for e in args.etas for s in args.async_seeds]
-    plan += [(f"eta0_coloc_s{args.sync_seeds[0]}", 0, args.sync_seeds[0], COLOC, env)]
+    if not args.no_coloc:
+        seed = (args.sync_seeds or [0])[0]
+        plan += [(f"eta0_coloc_s{seed}", 0, seed, COLOC, env)]
     for name, eta, seed, placement, penv in plan:
         extra = [*placement, "--async_rl.eta", str(eta), "--run.seed", str(seed), "--rollout.seed", str(seed)]
         r = run_variant(name, args, extra, model, penv)

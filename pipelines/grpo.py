@@ -8,15 +8,19 @@ What it does, in order:
   5. measures held-out greedy accuracy, trains GRPO on Ray Train + DeepSpeed, measures again;
   6. writes report.json and reward.png.
 
-Departures from the GRPO paper (DeepSeekMath): one policy update per batch (mu = 1), so the
-clipped ratio is between the learner and the vLLM behaviour log-probs of the same version;
-KL to the reference is off by default (beta = 0, as in DAPO and Dr.GRPO); the advantage,
-loss aggregation (grpo / dapo / dr_grpo), dynamic sampling and overlong handling are
-config choices (``--algo.loss dapo --algo.eps_high 0.28 --algo.dynamic_sampling true``).
+Departures from the GRPO paper (DeepSeekMath): one policy update per batch (mu = 1); the
+samples' vLLM behaviour log-probs enter through an off-policy correction (truncated importance
+sampling by default, ``--async_rl.correction``), which in sync mode is a weight of 1 up to
+numerics; KL to the reference is off by default (beta = 0, as in DAPO and Dr.GRPO); the
+advantage, loss aggregation (grpo / dapo / dr_grpo), dynamic sampling and overlong handling
+are config choices (``--algo.loss dapo --algo.eps_high 0.28 --algo.dynamic_sampling true``).
+``--async_rl.eta 1`` makes it async: rollouts of the next batches overlap training, and no
+trained sample is more than eta weight versions old (docs/async.md).
 
 Launch:
   python pipelines/grpo.py                                         # offline embedded default
   python pipelines/grpo.py --config examples/grpo_tiny.yaml --algo.beta 0.01
+  python pipelines/grpo.py --config examples/grpo_async.yaml                     # async, eta 1
   python pipelines/grpo.py --model Qwen/Qwen2.5-0.5B-Instruct --dataset ../shared/data/gsm8k/train.jsonl
   ray job submit --working-dir . -- $PWD/.venv/bin/python pipelines/grpo.py --run.name my-grpo   (README: "Submitting as a Ray job")
 Re-submitting the same command (same run.name and run.storage_path) resumes from the latest checkpoint.
