@@ -370,7 +370,7 @@ def _wait_replicas(head: LocalHead, count: int, timeout: float = 300.0) -> float
     raise TimeoutError(f"rollout did not reach {count} running replicas within {timeout:.0f} s")
 
 
-def scale_drill(root: Path, eta: int) -> dict[str, Any]:
+def scale_drill(root: Path, eta: int, steps: int = 100) -> dict[str, Any]:
     """1 -> 2 -> 1 rollout replicas from the CLI while GRPO trains (queue-depth target set high,
     so only the pins move it)."""
     extra = ["--rollout.autoscale_max_replicas", "2", "--rollout.target_ongoing_requests", "1000",
@@ -378,7 +378,7 @@ def scale_drill(root: Path, eta: int) -> dict[str, Any]:
     with LocalHead(num_cpus=4) as head:
         _auth_env(head)
         # long enough to outlast a second vLLM replica's start (~1 min) plus the scale-down
-        job = GRPOJob(head, root, "rollout-1-2-1", 100, extra)
+        job = GRPOJob(head, root, "rollout-1-2-1", steps, extra)
         job_id = job.submit()
         job.wait_step(1, job_id)
         t_fault = time.time()
@@ -400,7 +400,7 @@ DRILLS = {"gcs": lambda a: gcs_drill(a.outage_s), "head": lambda a: head_drill()
           "replica": lambda a: replica_drill(a.root, a.eta), "worker": lambda a: worker_drill(a.root, a.eta),
           "resubmit": lambda a: resubmit_drill(a.root, a.eta),
           "resubmit-fresh": lambda a: resubmit_drill(a.root, a.eta, True),
-          "scale": lambda a: scale_drill(a.root, a.eta)}
+          "scale": lambda a: scale_drill(a.root, a.eta, a.scale_steps)}
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
@@ -408,6 +408,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--drills", nargs="+", choices=sorted(DRILLS), default=list(DRILLS))
     parser.add_argument("--outage-s", type=float, default=10.0)
     parser.add_argument("--eta", type=int, default=0, help="async_rl.eta of the GRPO drills (0: synchronous)")
+    parser.add_argument("--scale-steps", type=int, default=100, help="steps of the scale drill's job: it must "
+                                                                      "outlast a second replica's start-up")
     parser.add_argument("--root", type=Path, default=None, help="run folders of the GRPO drills (default: a temp dir)")
     args = parser.parse_args(argv)
     args.root = args.root or Path(tempfile.mkdtemp(prefix="raypost-chaos-"))
