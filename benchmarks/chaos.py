@@ -408,8 +408,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--drills", nargs="+", choices=sorted(DRILLS), default=list(DRILLS))
     parser.add_argument("--outage-s", type=float, default=10.0)
     parser.add_argument("--eta", type=int, default=0, help="async_rl.eta of the GRPO drills (0: synchronous)")
-    parser.add_argument("--scale-steps", type=int, default=100, help="steps of the scale drill's job: it must "
-                                                                      "outlast a second replica's start-up")
+    parser.add_argument("--scale-steps", type=int, default=100, help="steps of the scale drill's job: enough to "
+                                                                      "outlast a second replica's start-up, at most "
+                                                                      "100 (one epoch of grpo_smoke's prompts; past it "
+                                                                      "prompts repeat and count as duplicated)")
     parser.add_argument("--root", type=Path, default=None, help="run folders of the GRPO drills (default: a temp dir)")
     args = parser.parse_args(argv)
     args.root = args.root or Path(tempfile.mkdtemp(prefix="raypost-chaos-"))
