@@ -13,7 +13,8 @@ on the full vocabulary.
    start for both (``--teacher`` reuses a trained teacher; otherwise the run trains one).
 2. TRL GKDTrainer trains the same student on the prompts raypost trained on, in order, in one
    process with all cores.
-3. Both final students are evaluated by the same greedy held-out accuracy.
+3. The teacher, the warm student and both final students are evaluated by one function: greedy
+   held-out accuracy on the same rows. raypost's own report figures are kept beside them.
 
     .venv/bin/python benchmarks/distill_vs_trl.py [--teacher runs/distill/teacher/<ckpt>/hf] [--steps 20]
 
@@ -108,9 +109,12 @@ def run_trl(args: argparse.Namespace, student: str, teacher: str, rows: list[dic
 
 
 def heldout_accuracy(model: str, run: Path, n: int) -> float:
-    """Greedy accuracy on the run's held-out rows (the evaluation raypost's report uses)."""
+    """Greedy accuracy on the run's first ``n`` held-out rows, each normalized as the pipeline
+    normalizes it (``answer`` = the final number; the raw synthetic row's ``answer`` is the
+    worked solution, which ``answers_match`` would not take as gold)."""
     from raypost.config import load_config
     from raypost.config.distill import DistillConfig
+    from raypost.data.rows import normalize_row
     from raypost.data.sources import synthetic_rows
     from raypost.data.tokenize import prompt_ids
     from raypost.eval.accuracy import accuracy
@@ -118,8 +122,8 @@ def heldout_accuracy(model: str, run: Path, n: int) -> float:
 
     data = load_config(DistillConfig, [], path=run / "config.yaml").data
     tok = load_tokenizer(model)
-    rows = [{"prompt_ids": prompt_ids(tok, r["question"], None), "answer": r["answer"]}
-            for r in synthetic_rows(data, "eval")[:n]]
+    norm = [normalize_row(r, "question", "answer") for r in synthetic_rows(data, "eval")[:n]]
+    rows = [{"prompt_ids": prompt_ids(tok, r["question"], None), "answer": r["answer"]} for r in norm]
     return accuracy(model, rows, 48, 64)["accuracy"]
 
 
@@ -138,8 +142,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     ours = run_raypost(args, out)
     theirs = run_trl(args, ours["student"], ours["teacher"], prompt_rows(ours["run"], ours["trained_ids"]), out)
-    acc = {"teacher": ours["accuracy"]["teacher"], "warm student": ours["accuracy"]["baseline"],
-           "raypost": ours["accuracy"]["student"], "TRL": heldout_accuracy(theirs["final"], ours["run"], args.eval_n)}
+    models = {"teacher": ours["teacher"], "warm student": ours["student"], "raypost": ours["final"],
+              "TRL": theirs["final"]}
+    acc = {name: heldout_accuracy(path, ours["run"], args.eval_n) for name, path in models.items()}
     ours_med, theirs_med = (statistics.median(r["step_s"][args.skip:]) for r in (ours, theirs))
     tok_s = sum(ours["gen_tokens"][args.skip:]) / sum(ours["step_s"][args.skip:])
     print(table(f"\nOn-policy distillation (GKD, JSD beta 0.5), {args.prompts} prompts x 1 sample, "
@@ -153,6 +158,7 @@ def main() -> None:
     (OUT / "distill_vs_trl.json").write_text(json.dumps(
         {"config": vars(args), "median_step_s": {"raypost": ours_med, "TRL": theirs_med},
          "step_time_ratio_raypost_over_trl": ours_med / theirs_med, "heldout_accuracy": acc,
+         "raypost_report_accuracy": ours["accuracy"],
          "raypost_gen_tokens_per_s": tok_s, "step_s": {"raypost": ours["step_s"], "TRL": theirs["step_s"]},
          "raypost_job_wall_s": ours["job_wall_s"], "trl_wall_s": theirs["wall_s"]}, indent=2))
 

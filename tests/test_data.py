@@ -13,6 +13,7 @@ from raypost.config import DataConfig
 from raypost.data import IGNORE_INDEX, completion_ids, final_answer, prompt_ids, sft_example, synthetic
 from raypost.data.packing import pack_frame
 from raypost.data.rows import normalize_row, qa_schema
+from raypost.rewards.verifiers import accuracy_reward, answers_match
 from raypost.train.batches import block_causal_mask, collate, token_loss_sums
 from tests.conftest import GSM8K
 
@@ -35,6 +36,26 @@ def test_synthetic_is_seeded_and_correct():
 ])
 def test_final_answer(text, expected):
     assert final_answer(text) == expected
+
+
+@pytest.mark.parametrize("completion,gold,hit", [
+    ("9 - 2 = 7\n#### 7", "7", True), ("#### 8", "7", False), ("#### 1,234", "1234", True),
+    ("#### 7.0", "7", True), ("no final line 7", "7", False),
+    ("#### 0.5", "1/2", True), ("#### 1/2", "0.5", True), ("#### 1/3", "0.5", False),  # math-verify
+    ("#### 1/3", "1", False), ("#### 72 apples", "72", True),
+    # gold given as GSM8K's raw `answer` column: the worked solution; its final answer counts,
+    # not its first number (8)
+    ("#### 7", "8 - 1 = 7\n#### 7", True), ("#### 8", "8 - 1 = 7\n#### 7", False),
+])
+def test_answers_match(completion, gold, hit):
+    assert answers_match(completion, gold) is hit
+
+
+def test_accuracy_reward_takes_trl_chat_completions_and_raw_gsm8k_answers():
+    completions = [[{"role": "assistant", "content": "4 * 3 = 12\n#### 12"}],
+                   [{"role": "assistant", "content": "#### 4"}], "#### 12"]
+    gold = ["Ann has 4 bags of 3.\n4 * 3 = 12\n#### 12"] * 3
+    assert accuracy_reward([None] * 3, completions, answer=gold) == [1.0, 0.0, 1.0]
 
 
 def test_gsm8k_rows_parse():

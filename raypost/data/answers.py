@@ -20,12 +20,26 @@ def normalize_number(text: str) -> str | None:
     return raw if raw not in ("", "-") else None
 
 
+def final_segment(solution: str) -> str | None:
+    """The raw text after the last ``####`` in a GSM8K-style solution (stripped); else None."""
+    found = _HASH.findall(solution)
+    return found[-1] if found else None
+
+
 def final_answer(solution: str) -> str | None:
     """The answer after the last ``####`` in a GSM8K-style solution, normalized; else None."""
-    found = _HASH.findall(solution)
-    if not found:
-        return None
-    return normalize_number(found[-1])
+    segment = final_segment(solution)
+    return None if segment is None else normalize_number(segment)
+
+
+def canonical_answer(answer: str) -> str:
+    """An answer as compared: a worked solution (GSM8K's raw ``answer`` column) gives its
+    ``####`` segment; a plain number is normalized ('1,234' -> '1234'); anything else (``1/2``,
+    ``\\frac{1}{2}``) is kept whole for symbolic comparison."""
+    text = answer.strip()
+    segment = final_segment(text)
+    text = segment if segment is not None else text
+    return (normalize_number(text) or text) if _NUMBER.fullmatch(text) else text
 
 
 def strip_calculator(solution: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from raypost.data.answers import final_answer, normalize_number
+from raypost.data.answers import canonical_answer, final_segment
 
 _FORMAT = re.compile(r"####\s*-?\d[\d,]*(?:\.\d+)?\s*$")
 
@@ -24,11 +24,12 @@ def _text(completion: Any) -> str:
 
 def answers_match(completion: str, gold: str) -> bool:
     """The completion's '#### n' equals the gold answer: exact after normalization, else
-    math-verify's symbolic equivalence (e.g. '0.5' vs '1/2')."""
-    pred = final_answer(completion)
-    gold_n = normalize_number(str(gold)) or str(gold)
-    if pred is None:
+    math-verify's symbolic equivalence (e.g. '0.5' vs '1/2'). ``gold`` is a final answer or a
+    whole worked solution (its '####' segment counts)."""
+    segment = final_segment(completion)
+    if segment is None:
         return False
+    pred, gold_n = canonical_answer(segment), canonical_answer(str(gold))
     if pred == gold_n:
         return True
     try:
