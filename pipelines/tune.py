@@ -4,11 +4,12 @@ What it does, in order:
   1. reads the space file (tune_spaces/*.yaml) and checks every key and bound against the
      pipeline's typed config, before any heavy import;
   2. checks that max_concurrent_trials trials fit on the cluster;
-  3. GRPO only: runs the SFT warm-up once; every trial starts GRPO from that model;
+  3. GRPO: runs the SFT warm-up once, and every trial starts GRPO from that model;
+     distill: trains the teacher once, and every trial distills that teacher;
   4. runs the sweep (ASHA, HyperBand, PBT or FIFO; random, grid, or Optuna/HyperOpt if
      installed). Ray Train V2 runs inside a function trainable and forwards each checkpointed
      report to Tune (TuneReportCallback), so ASHA stops trials on the pipeline's own metric.
-     PBT trials (SFT) run in segments instead, one Train run and one Tune checkpoint each,
+     PBT trials (SFT, offline-KD distillation) run in segments instead, one Train run and one Tune checkpoint each,
      so PBT's exploit can restart a trial from another's checkpoint;
   5. writes <sweep>/results.json (the table), best_config.yaml (a ready-to-run pipeline
      config), best_model/ (HF export of the best finished trial) and metric.png.
@@ -20,6 +21,7 @@ finished trials are kept, unfinished ones resume from their own Train checkpoint
 Launch:
   python pipelines/tune.py --pipeline sft --space tune_spaces/sft_quick.yaml
   python pipelines/tune.py --pipeline sft --space tune_spaces/sft_pbt.yaml
+  python pipelines/tune.py --pipeline distill --space tune_spaces/distill_pbt.yaml
   python pipelines/tune.py --pipeline grpo --space tune_spaces/grpo_quick.yaml --name my-sweep
   ray job submit --working-dir . -- $PWD/.venv/bin/python pipelines/tune.py --pipeline sft --space tune_spaces/sft.yaml
 """

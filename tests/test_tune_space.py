@@ -148,9 +148,20 @@ def test_pbt_searches_only_what_a_restart_can_change(tmp_path):
     with pytest.raises(ConfigError, match=r"pbt can only change optim.lr, optim.weight_decay.*micro_batch_size"):
         load_space(_write(tmp_path, {"optim.lr": {"uniform": [1e-4, 1e-3]},
                                      "optim.micro_batch_size": {"choice": [4, 8]}}, **pbt))
-    with pytest.raises(ConfigError, match="pbt runs sft sweeps"):
+    with pytest.raises(ConfigError, match=r"pbt runs sft and distill \(offline_kd\) sweeps.*asha or hyperband for grpo"):
         load_space(_write(tmp_path, {"optim.lr": {"uniform": [1e-4, 1e-3]}}, **{**pbt, "pipeline": "grpo",
                                                                                   "metric": "reward_mean"}))
+
+
+def test_pbt_distills_offline_kd_and_may_perturb_its_kd_parameters(tmp_path):
+    pbt = {"scheduler": {"type": "pbt"}, "pipeline": "distill"}
+    kd = {"distill.beta": {"uniform": [0.1, 0.9]}, "distill.kd_weight": {"uniform": [0.3, 1.0]},
+          "optim.lr": {"loguniform": [1e-4, 1e-2]}}
+    assert set(load_space(_write(tmp_path, kd, **pbt)).params) == set(kd)
+    with pytest.raises(ConfigError, match="pbt distills in mode offline_kd only.*on_policy"):
+        load_space(_write(tmp_path, kd, base={"distill": {"mode": "on_policy"}}, **pbt))
+    with pytest.raises(ConfigError, match=r"pbt can only change .*distill.kd_weight.*move distill.top_k to base"):
+        load_space(_write(tmp_path, {**kd, "distill.top_k": {"choice": [8, 16]}}, **pbt))
 
 
 def test_pbt_mutations_are_the_space_params(tmp_path):

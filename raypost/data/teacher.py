@@ -9,7 +9,7 @@ Each row gains ``teacher_ids`` and ``teacher_logprobs``: flat lists of ``len(inp
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import numpy as np
@@ -69,13 +69,21 @@ class TeacherSignal:
     precision: str = "fp32"
     cpus: float = 1.0
     batch_size: int = 16
+    # A dict shared by runs that annotate the same rows (a PBT trial's segments): the teacher
+    # pass then runs once and later runs reuse its materialized result.
+    cache: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
     def annotate(self, rows: ray.data.Dataset) -> ray.data.Dataset:
         """``rows`` with teacher columns, in the same order (materialized)."""
+        if self.cache is not None and "rows" in self.cache:
+            return self.cache["rows"]
         with _ordered():
-            return rows.map_batches(
+            annotated = rows.map_batches(
                 TeacherTopK, batch_format="pandas", batch_size=self.batch_size, num_cpus=self.cpus,
                 compute=ray.data.ActorPoolStrategy(size=1),
                 fn_constructor_kwargs={"model_path": self.model_path, "top_k": self.top_k,
                                        "precision": self.precision,
                                        "threads": max(1, int(self.cpus))}).materialize()
+        if self.cache is not None:
+            self.cache["rows"] = annotated
+        return annotated

@@ -123,14 +123,18 @@ def num_params(model_path: str) -> int:
     return total
 
 
+def kd_signal(cfg: DistillConfig, teacher_path: str, cache: dict[str, Any] | None = None) -> TeacherSignal:
+    """Offline KD's teacher pass settings and the loss's KD parameters (``cache``: see TeacherSignal)."""
+    d = cfg.distill
+    kd = KDParams(divergence=d.divergence, beta=d.beta, temperature=d.temperature, kd_weight=d.kd_weight)
+    return TeacherSignal(teacher_path, d.top_k, asdict(kd), cfg.deepspeed.precision, d.teacher_cpus, cache=cache)
+
+
 @MODES.register("offline_kd")
 def offline_kd(cfg: DistillConfig, teacher_path: str, student_path: str, data: PreparedData,
                out: Path) -> SFTResult:
     """The student fits the teacher's top-k log-probs, stored once by a Ray Data pass."""
-    d = cfg.distill
-    kd = KDParams(divergence=d.divergence, beta=d.beta, temperature=d.temperature, kd_weight=d.kd_weight)
-    signal = TeacherSignal(teacher_path, d.top_k, asdict(kd), cfg.deepspeed.precision, d.teacher_cpus)
-    return run_sft(student_sft(cfg, out), student_path, data, out, teacher=signal)
+    return run_sft(student_sft(cfg, out), student_path, data, out, teacher=kd_signal(cfg, teacher_path))
 
 
 @MODES.register("seq_kd")

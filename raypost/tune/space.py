@@ -30,10 +30,14 @@ from raypost.config.base import ConfigError, StrictModel, build, deep_merge, loa
 from raypost.config.registry import config_class
 
 DISTRIBUTIONS = ("loguniform", "uniform", "choice", "grid", "randint", "qloguniform")
-# What a PBT trial may change when it restarts from another trial's checkpoint: the optimizer's
-# lr and weight decay. The batch shape and the schedule's length are fixed by the checkpoint's
-# data cursor and step.
-PBT_MUTABLE = ("optim.lr", "optim.weight_decay")
+# What a PBT trial may change when it restarts from another trial's checkpoint, per pipeline:
+# the optimizer's lr and weight decay, and (offline KD) the loss's divergence parameters, which
+# every segment sends to the learner afresh. The batch shape and the schedule's length are
+# fixed by the checkpoint's data cursor and step.
+PBT_MUTABLE: dict[str, tuple[str, ...]] = {
+    "sft": ("optim.lr", "optim.weight_decay"),
+    "distill": ("optim.lr", "optim.weight_decay", "distill.beta", "distill.temperature", "distill.kd_weight"),
+}
 
 
 class Distribution(StrictModel):
@@ -133,12 +137,17 @@ class SpaceFile(StrictModel):
     def _pbt_mutates_what_resume_can_change(self) -> "SpaceFile":
         if self.scheduler.type != "pbt":
             return self
-        if self.pipeline != "sft":
-            raise ValueError(f"scheduler pbt runs sft sweeps (trials resume each other's SFT checkpoints); "
-                             f"use asha or hyperband for {self.pipeline}")
-        fixed = [k for k in self.params if k not in PBT_MUTABLE]
+        if self.pipeline not in PBT_MUTABLE:
+            raise ValueError(f"scheduler pbt runs sft and distill (offline_kd) sweeps, whose trials resume each "
+                             f"other's learner checkpoints; use asha or hyperband for {self.pipeline}")
+        mode = self.base.get("distill", {}).get("mode", "offline_kd")
+        if self.pipeline == "distill" and mode != "offline_kd":
+            raise ValueError(f"scheduler pbt distills in mode offline_kd only (base distill.mode is {mode}); "
+                             f"use asha or hyperband for {mode}")
+        mutable = PBT_MUTABLE[self.pipeline]
+        fixed = [k for k in self.params if k not in mutable]
         if fixed:
-            raise ValueError(f"scheduler pbt can only change {', '.join(PBT_MUTABLE)} when a trial restarts from "
+            raise ValueError(f"scheduler pbt can only change {', '.join(mutable)} when a trial restarts from "
                              f"another's checkpoint; move {', '.join(fixed)} to base")
         if self.search.type not in ("random", "grid"):
             raise ValueError("scheduler pbt draws its first configs itself; use search: random")

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from raypost.config import SFTConfig, StrictModel, dump_yaml
 from raypost.config.distill import DistillConfig
 from raypost.config.grpo import GRPOConfig
 from raypost.train import checkpointing
-from raypost.tune.space import SpaceFile, trial_config
+from raypost.tune.space import PBT_MUTABLE, SpaceFile, trial_config
+
+if TYPE_CHECKING:
+    from raypost.phases.sft import SFTResult
 
 
 def _sft(cfg: SFTConfig, run_dir: Path) -> None:
@@ -27,30 +30,65 @@ def _sft(cfg: SFTConfig, run_dir: Path) -> None:
     sft_phase.run_sft(cfg, model_path, data, run_dir)
 
 
-def _sft_pbt(cfg: SFTConfig, run_dir: Path) -> None:
-    """PBT: the SFT run in segments of run.checkpoint_every steps, one Tune report per segment
-    with a Tune checkpoint that points at the segment's Train checkpoint. When PBT's exploit
-    restarts this trial from a better trial's checkpoint (or Tune restores the sweep), the next
-    segment starts from the pointed-to checkpoint with this trial's own, possibly perturbed, lr
-    and weight decay. Each segment is a fresh Train run, so nothing resumes the old lineage."""
+# One PBT segment: (the trial's config, the segment's run folder, the Train checkpoint to start
+# from or None, the step to stop at) -> the segment's result.
+Segment = Callable[[Any, Path, Optional[str], int], "SFTResult"]
+
+
+def _sft_segments(cfg: SFTConfig, run_dir: Path) -> Segment:
+    from raypost.phases import data as data_phase
+    from raypost.phases import sft as sft_phase
+
+    model_path, data = data_phase.prepare(cfg.data, cfg.model, run_dir)
+
+    def segment(seg: SFTConfig, out: Path, start: str | None, stop: int) -> SFTResult:
+        run = seg.run.model_copy(update={"storage_path": str(out.parent), "name": out.name})
+        return sft_phase.run_sft(seg.model_copy(update={"run": run}), model_path, data, out, start_from=start,
+                                 stop_at=stop, report_to_tune=False)
+    return segment
+
+
+def _offline_kd_segments(cfg: DistillConfig, run_dir: Path) -> Segment:
+    """Offline KD from the sweep's shared teacher. The teacher pass runs once per trial; each
+    segment sends the learner its own (possibly perturbed) KD parameters."""
+    from raypost.config import ModelConfig
+    from raypost.phases import data as data_phase
+    from raypost.phases import distill as distill_phase
+    from raypost.phases.sft import run_sft
+
+    _, data = data_phase.prepare(cfg.data, ModelConfig(path=cfg.teacher.path), run_dir)
+    student = distill_phase.student_base(cfg, cfg.teacher.path, run_dir)
+    cache: dict[str, Any] = {}
+
+    def segment(seg: DistillConfig, out: Path, start: str | None, stop: int) -> SFTResult:
+        return run_sft(distill_phase.student_sft(seg, out), student, data, out,
+                       teacher=distill_phase.kd_signal(seg, seg.teacher.path, cache), start_from=start,
+                       stop_at=stop, report_to_tune=False)
+    return segment
+
+
+PBT_SEGMENTS: dict[str, Callable[[Any, Path], Segment]] = {"sft": _sft_segments, "distill": _offline_kd_segments}
+
+
+def _pbt(cfg: Any, run_dir: Path, segment: Segment, mutable: tuple[str, ...]) -> None:
+    """PBT: the learner run in segments of run.checkpoint_every steps, one Tune report per
+    segment with a Tune checkpoint that points at the segment's Train checkpoint. When PBT's
+    exploit restarts this trial from a better trial's checkpoint (or Tune restores the sweep),
+    the next segment starts from the pointed-to checkpoint with this trial's own, possibly
+    perturbed, ``mutable`` params. Each segment is a fresh Train run, so nothing resumes the
+    old lineage."""
     import tempfile
     import uuid
 
     from ray import tune
 
-    from raypost.phases import data as data_phase
-    from raypost.phases import sft as sft_phase
-
-    model_path, data = data_phase.prepare(cfg.data, cfg.model, run_dir)
     start, step = _pbt_pointer(tune.get_checkpoint())
     while True:
         name = f"seg-{step:06d}-{uuid.uuid4().hex[:6]}"
-        seg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"storage_path": str(run_dir), "name": name})})
         with open(run_dir / PBT_LOG, "a") as fh:  # the trial's lineage, one line per segment
-            fh.write(json.dumps({"segment": name, "start_from": start, "step": step, "lr": cfg.optim.lr,
-                                 "weight_decay": cfg.optim.weight_decay}) + "\n")
-        result = sft_phase.run_sft(seg, model_path, data, run_dir / name, start_from=start,
-                                   stop_at=step + cfg.run.checkpoint_every, report_to_tune=False)
+            fh.write(json.dumps({"segment": name, "start_from": start, "step": step,
+                                 **{k.split(".")[-1]: _dotted(cfg, k) for k in mutable}}) + "\n")
+        result = segment(cfg, run_dir / name, start, step + cfg.run.checkpoint_every)
         start, step = result.checkpoint_path, int(result.metrics["step"])
         with tempfile.TemporaryDirectory(prefix="raypost-pbt-") as d:
             (Path(d) / PBT_POINTER).write_text(json.dumps({"train_checkpoint": start, "step": step}))
@@ -61,6 +99,13 @@ def _sft_pbt(cfg: SFTConfig, run_dir: Path) -> None:
 
 PBT_POINTER = "pbt_pointer.json"
 PBT_LOG = "pbt_segments.jsonl"
+
+
+def _dotted(cfg: Any, key: str) -> Any:
+    """``cfg``'s value at a dotted key (``optim.lr``)."""
+    for part in key.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
 
 
 def _pbt_pointer(ckpt: Any) -> tuple[str | None, int]:
@@ -134,8 +179,10 @@ def run_trial(params: dict[str, Any], space: dict[str, Any], sweep_dir: str) -> 
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_yaml(cfg, run_dir / "config.yaml")
-    body = _sft_pbt if spec.scheduler.type == "pbt" else TRIAL_BODIES[spec.pipeline]
-    body(cfg, run_dir)
+    if spec.scheduler.type == "pbt":
+        _pbt(cfg, run_dir, PBT_SEGMENTS[spec.pipeline](cfg, run_dir), PBT_MUTABLE[spec.pipeline])
+    else:
+        TRIAL_BODIES[spec.pipeline](cfg, run_dir)
 
 
 def _grpo_warmup(space: SpaceFile, sweep_dir: Path) -> dict[str, Any]:
