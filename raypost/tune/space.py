@@ -140,7 +140,8 @@ class SpaceFile(StrictModel):
         if self.pipeline not in PBT_MUTABLE:
             raise ValueError(f"scheduler pbt runs sft and distill (offline_kd) sweeps, whose trials resume each "
                              f"other's learner checkpoints; use asha or hyperband for {self.pipeline}")
-        mode = self.base.get("distill", {}).get("mode", "offline_kd")
+        distill = self.base.get("distill")
+        mode = distill.get("mode", "offline_kd") if isinstance(distill, dict) else "offline_kd"
         if self.pipeline == "distill" and mode != "offline_kd":
             raise ValueError(f"scheduler pbt distills in mode offline_kd only (base distill.mode is {mode}); "
                              f"use asha or hyperband for {mode}")
