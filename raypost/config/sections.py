@@ -67,6 +67,8 @@ class SyntheticTaskConfig(StrictModel):
     num_eval: int = Field(200, ge=1, le=1_000_000, description="Held-out problems generated (disjoint seed).")
     max_operand: int = Field(10, ge=2, le=10_000, description="Operands are drawn from 1..max_operand.")
     two_step_fraction: float = Field(0.3, ge=0.0, le=1.0, description="Share of problems with two operations.")
+    guess_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="Share of training problems whose SFT demo is a "
+                                  "weak teacher's wrong guess ('#### <first number>'); gold answers are unchanged.")
     seed: int = Field(1234, ge=0, description="Generator seed; eval uses seed+1.")
 
 

@@ -18,6 +18,17 @@ def _normalize_frame(batch: pd.DataFrame, schema: RowSchema) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=schema.columns)
 
 
+def _synthetic_frame(batch: pd.DataFrame, schema: RowSchema) -> pd.DataFrame:
+    """Normalized synthetic rows; a row's noisy ``demo``, if any, becomes its SFT target."""
+    rows = []
+    for raw in batch.to_dict(orient="records"):
+        row = schema.normalize(raw)
+        if raw.get("demo"):
+            row["solution"] = raw["demo"]
+        rows.append(row)
+    return pd.DataFrame(rows, columns=schema.columns)
+
+
 def _parse_lines(batch: pd.DataFrame, schema: RowSchema) -> pd.DataFrame:
     lines = [t for t in batch["text"].tolist() if t.strip()]
     return pd.DataFrame([schema.parse_line(t) for t in lines], columns=schema.columns)
@@ -40,7 +51,7 @@ def read_source(cfg: DataConfig, path: str | None, split: str, schema: RowSchema
     if cfg.source == "synthetic":
         rows = synthetic_rows(cfg, split)
         return ray.data.from_items(rows, override_num_blocks=num_blocks(len(rows))).map_batches(
-            _normalize_frame, batch_format="pandas", fn_kwargs={"schema": qa_schema("question", "answer")})
+            _synthetic_frame, batch_format="pandas", fn_kwargs={"schema": qa_schema("question", "answer")})
     assert path is not None
     if cfg.source == "jsonl":
         _check_path(path, "path")
@@ -55,14 +66,16 @@ def read_source(cfg: DataConfig, path: str | None, split: str, schema: RowSchema
 
 
 def synthetic_rows(cfg: DataConfig, split: str) -> list[dict[str, Any]]:
-    """The synthetic task's train or eval problems; eval never repeats a train question."""
+    """The synthetic task's train or eval problems; eval never repeats a train question and has
+    no noisy demos. Every row has a ``demo`` key ('' when it has none) so the rows share columns."""
     s = cfg.synthetic
-    train = synthetic.generate(s.num_train, s.seed, s.max_operand, s.two_step_fraction, prefix="train")
+    train = synthetic.generate(s.num_train, s.seed, s.max_operand, s.two_step_fraction, prefix="train",
+                               guess_fraction=s.guess_fraction)
     if split == "train":
-        return train
+        return [{"demo": "", **r} for r in train]
     seen = {r["question"] for r in train}
     pool = synthetic.generate(s.num_eval * 2, s.seed + 1, s.max_operand, s.two_step_fraction, prefix="eval")
-    return [r for r in pool if r["question"] not in seen][: s.num_eval]
+    return [{**r, "demo": ""} for r in pool if r["question"] not in seen][: s.num_eval]
 
 
 def corpus(cfg: DataConfig, limit: int = 20000) -> list[str]:

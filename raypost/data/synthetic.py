@@ -3,11 +3,17 @@
 Every problem has an integer answer and a worked solution in GSM8K's format
 (one line per operation, then ``#### <answer>``), so the same parsing, rewards and
 evaluation serve GSM8K itself.
+
+Optionally a share of the training problems carries a noisy demonstration (``demo``), as
+distilled SFT data does: a weak teacher's guess, ``#### <the question's first number>``, with
+no worked line. The gold ``answer`` is unchanged, so rewards and evaluation still score the true
+result; only SFT imitates the demo.
 """
 
 from __future__ import annotations
 
 import random
+import re
 from typing import Any, Callable
 
 NAMES = ["Ava", "Ben", "Cara", "Dan", "Eli", "Fay", "Gus", "Hana", "Ivy", "Jon", "Kim", "Leo", "Mia", "Ned", "Ola", "Pia"]
@@ -54,13 +60,22 @@ def make_problem(r: random.Random, max_operand: int, two_step_fraction: float) -
     return {"question": question, "answer": "\n".join(steps) + f"\n#### {result}"}
 
 
+def guess(question: str) -> str:
+    """The weak teacher's demonstration: the question's first number as the answer."""
+    first = re.search(r"\d+", question)
+    return f"#### {first.group() if first else 0}"
+
+
 def generate(n: int, seed: int, max_operand: int = 20, two_step_fraction: float = 0.3,
-             prefix: str = "syn") -> list[dict[str, Any]]:
-    """``n`` problems from ``seed``; rows carry a stable ``id``."""
-    r = random.Random(seed)
+             prefix: str = "syn", guess_fraction: float = 0.0) -> list[dict[str, Any]]:
+    """``n`` problems from ``seed``; rows carry a stable ``id``. A ``guess_fraction`` share of
+    rows get a ``demo`` (see the module docstring); the problems themselves do not depend on it."""
+    r, noisy = random.Random(seed), random.Random(seed + 7919)
     rows = []
     for i in range(n):
         row = make_problem(r, max_operand, two_step_fraction)
         row["id"] = f"{prefix}-{seed}-{i}"
+        if guess_fraction and noisy.random() < guess_fraction:
+            row["demo"] = guess(row["question"])
         rows.append(row)
     return rows
