@@ -21,10 +21,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
-# The main job on the embedded offline default (no model or data downloads).
-# The main job is SFT until the GRPO default shows a held-out gain (issue 4);
-# `make run MAIN=pipelines/grpo.py` runs GRPO.
-MAIN ?= pipelines/sft.py
+# The main job on the embedded offline default (no model or data downloads): GRPO, with its
+# SFT warm-up and held-out evaluation before and after. `make run MAIN=pipelines/sft.py` runs SFT.
+MAIN ?= pipelines/grpo.py
 run: setup
 	$(PY) $(MAIN) $(ARGS)
 

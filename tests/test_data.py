@@ -210,3 +210,23 @@ def test_parquet_source(ray_cluster, tmp_path):
     rows, _ = preprocess.read_splits(cfg)
     got = sorted((r["question"], r["reject"] != "") for r in rows.take_all())
     assert got == [("", True), ("a", False), ("b", False)]
+
+
+def test_noisy_demos_change_the_sft_target_not_the_gold(ray_cluster):
+    from raypost.data import preprocess
+
+    clean = synthetic.generate(400, seed=5, max_operand=10)
+    noisy = synthetic.generate(400, seed=5, max_operand=10, guess_fraction=0.5)
+    assert [r["question"] for r in clean] == [r["question"] for r in noisy]  # same problems
+    demos = [r for r in noisy if "demo" in r]
+    assert 150 < len(demos) < 250
+    assert synthetic.guess("Ava has 12 pens. Ava buys 3 more pens.") == "#### 12"
+
+    cfg = DataConfig(synthetic={"num_train": 400, "seed": 5, "num_eval": 50, "guess_fraction": 0.5})
+    train, evals = preprocess.read_splits(cfg)
+    by_q = {r["question"]: r for r in train.take_all()}
+    for row in noisy:
+        got = by_q[row["question"]]
+        assert got["answer"] == final_answer(row["answer"])  # gold: the true result
+        assert got["solution"] == row.get("demo", row["answer"])  # SFT target: the demo where there is one
+    assert all("\n#### " in r["solution"] for r in evals.take_all())  # held-out rows keep worked solutions
