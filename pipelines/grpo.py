@@ -8,6 +8,11 @@ What it does, in order:
   5. measures held-out greedy accuracy, trains GRPO on Ray Train + DeepSpeed, measures again;
   6. writes report.json and reward.png.
 
+The embedded default's SFT demos are noisy on purpose: half are a weak teacher's guess
+(``#### <first number>``), so the warm-up learns to guess as well as to work the problem, and
+GRPO's accuracy reward selects the worked solutions (README, "The embedded default"; held-out
+accuracy +0.29 to +0.39 on 3 seeds, about 5 minutes on 2 cores).
+
 Departures from the GRPO paper (DeepSeekMath): one policy update per batch (mu = 1); the
 samples' vLLM behaviour log-probs enter through an off-policy correction (truncated importance
 sampling by default, ``--async_rl.correction``), which in sync mode is a weight of 1 up to
