@@ -77,8 +77,3 @@ def synthetic_rows(cfg: DataConfig, split: str) -> list[dict[str, Any]]:
     pool = synthetic.generate(s.num_eval * 2, s.seed + 1, s.max_operand, s.two_step_fraction, prefix="eval")
     return [{**r, "demo": ""} for r in pool if r["question"] not in seen][: s.num_eval]
 
-
-def corpus(cfg: DataConfig, limit: int = 20000) -> list[str]:
-    """Text for training the tiny tokenizer: questions and solutions of the train split."""
-    rows = synthetic_rows(cfg, "train")[:limit]
-    return [r["question"] for r in rows] + [r["answer"] for r in rows]
