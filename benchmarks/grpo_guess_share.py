@@ -79,7 +79,7 @@ def main() -> None:
         if not sep:
             ap.error(f"--model takes NAME=PATH, got '{spec}'")
         results[name] = measure(path, args.problems, args.samples)
-    rows = [[name, mode, f"{r[mode]['guess_share']:.3f}", f"{r[mode]['accuracy']:.3f}", f"{r[mode]['worked_accuracy']:.3f}"]
+    rows = [[name, mode, *(f"{r[mode][k]:.3f}" for k in ("guess_share", "accuracy", "worked_accuracy"))]
             for name, r in results.items() for mode in ("greedy", "sampled")]
     print(table(f"\nGuessing vs working, {args.problems} held-out problems ({args.samples} samples each at T = 1)",
                 ["model", "decoding", "guess share", "accuracy", "accuracy of worked answers"], rows))

@@ -1,6 +1,7 @@
 """GRPO end to end, submitted as a Ray job to a head this test starts (own temp dir and ports,
 stopped by its process group): SFT warm-up, vLLM rollouts on Serve, rewards from the reward
-service, DeepSpeed learner, versioned weight pushes, then a re-submission that resumes."""
+service, DeepSpeed learner, versioned weight pushes, then a re-submission that resumes; and
+GRPO learning, as a held-out accuracy gain over the SFT warm-up."""
 
 from __future__ import annotations
 
@@ -99,4 +100,4 @@ def test_grpo_raises_heldout_accuracy(ray_cluster, tmp_path):
     report = json.loads((tmp_path / "learn" / "report.json").read_text())
     before, after = report["heldout_accuracy_before"], report["heldout_accuracy_after"]
     assert report["heldout_n"] == 200
-    assert after >= before + 0.0, (before, after)
+    assert after >= before + 0.10, (before, after)  # measured: 0.085 -> 0.28 and 0.085 -> 0.29
