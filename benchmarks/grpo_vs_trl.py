@@ -142,7 +142,7 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--lr", type=float, default=5e-5, help="the GRPO default")
     ap.add_argument("--micro-batch", type=int, default=16)
     ap.add_argument("--warmup-steps", type=int, default=60, help="raypost SFT warm-up steps (the shared start)")
     args = ap.parse_args()
