@@ -216,7 +216,7 @@ def test_noisy_demos_change_the_sft_target_not_the_gold(ray_cluster):
     from raypost.data import preprocess
 
     clean = synthetic.generate(400, seed=5, max_operand=10)
-    noisy = synthetic.generate(400, seed=5, max_operand=10, guess_fraction=0.5)
+    noisy = synthetic.generate(400, seed=5, max_operand=10, prefix="train", guess_fraction=0.5)
     assert [r["question"] for r in clean] == [r["question"] for r in noisy]  # same problems
     demos = [r for r in noisy if "demo" in r]
     assert 150 < len(demos) < 250
@@ -224,9 +224,10 @@ def test_noisy_demos_change_the_sft_target_not_the_gold(ray_cluster):
 
     cfg = DataConfig(synthetic={"num_train": 400, "seed": 5, "num_eval": 50, "guess_fraction": 0.5})
     train, evals = preprocess.read_splits(cfg)
-    by_q = {r["question"]: r for r in train.take_all()}
+    by_id = {r["id"]: r for r in train.take_all()}
+    assert len(by_id) == 400
     for row in noisy:
-        got = by_q[row["question"]]
+        got = by_id[row["id"]]
         assert got["answer"] == final_answer(row["answer"])  # gold: the true result
         assert got["solution"] == row.get("demo", row["answer"])  # SFT target: the demo where there is one
     assert all("\n#### " in r["solution"] for r in evals.take_all())  # held-out rows keep worked solutions
