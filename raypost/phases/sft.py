@@ -51,9 +51,10 @@ def run_sft(cfg: SFTConfig, model_path: str, data: PreparedData, run_dir: Path,
     check_resources({"resources (learner)": learner_request(cfg.resources)})
     rows = preprocess.sft_rows(data.train, cfg.data, cfg.train.epochs, cfg.run.seed)
     if teacher is not None:
-        t0 = time.time()
+        t0, reused = time.time(), teacher.cache is not None and "rows" in teacher.cache
         rows = teacher.annotate(rows)
-        log.info("teacher top-%d over %d packed rows in %.1fs", teacher.top_k, rows.count(), time.time() - t0)
+        took = "reused from this process's earlier pass" if reused else f"in {time.time() - t0:.1f}s"
+        log.info("teacher top-%d over %d packed rows %s", teacher.top_k, rows.count(), took)
     eval_rows = preprocess.sft_rows(data.eval, cfg.data.model_copy(update={"pack": False}), 1, cfg.run.seed)
     total = plan_steps(cfg, rows.count())
     log.info("sft: %d packed rows, %d steps on %d workers", rows.count(), total, cfg.resources.num_workers)
