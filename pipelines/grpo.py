@@ -6,7 +6,7 @@ What it does, in order:
   3. builds the offline tiny model (or loads --model) and warms it up with the SFT learner;
   4. deploys two Serve apps: "rollout" (vLLM replicas) and "reward" (verifiers + reward model);
   5. measures held-out greedy accuracy, trains GRPO on Ray Train + DeepSpeed, measures again;
-  6. writes report.json and reward.png.
+  6. removes its Serve apps and pushed weights; writes report.json and reward.png.
 
 The embedded default's SFT demos are noisy on purpose: half are a weak teacher's guess
 (``#### <first number>``), so the warm-up learns to guess as well as to work the problem, and
@@ -73,6 +73,7 @@ def main(argv: list[str]) -> dict:
     final_model, grpo_s, metrics = grpo_phase.train(cfg, sft_model, data, run_dir)
     after = grpo_phase.evaluate(cfg, data, version=cfg.algo.steps)
     log.info("held-out accuracy after GRPO: %.3f (was %.3f)", after["accuracy"], before["accuracy"])
+    grpo_phase.teardown(cfg)
 
     report = {
         "pipeline": "grpo", "config": cfg.model_dump(mode="json"), "model_path": final_model, "data": data.counts,

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import ROOT, run_pipeline
 
@@ -38,6 +39,14 @@ def submit(head, args: list[str], timeout: float = 900) -> str:
     return proc.stdout
 
 
+def serve_apps(head) -> set[str]:
+    """Names of the Serve apps on the head's cluster (``serve status``)."""
+    cmd = [str(Path(sys.executable).with_name("serve")), "status", "-a", head.dashboard_url]
+    proc = subprocess.run(cmd, env=head.env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return set((yaml.safe_load(proc.stdout) or {}).get("applications") or {})
+
+
 def grpo_rows(run: Path) -> list[dict]:
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     return [r for r in rows if r.get("phase") == "grpo"]
@@ -45,13 +54,16 @@ def grpo_rows(run: Path) -> list[dict]:
 
 @pytest.mark.timeout(1800)  # two jobs, plus training the reward model when this test runs first
 def test_grpo_job_submit_and_resubmit(head, tmp_path, trained_reward_model):
+    weights = Path(f"/dev/shm/raypost-test-{tmp_path.name}")
     args = ["--config", "examples/grpo_smoke.yaml", "--run.storage_path", str(tmp_path), "--run.name", "g",
-            "--run.wandb_mode", "disabled", "--rollout.weights_dir", f"/dev/shm/raypost-test-{tmp_path.name}"]
+            "--run.wandb_mode", "disabled", "--rollout.weights_dir", str(weights)]
     submit(head, [*args, "--algo.steps", "2"])
     run = tmp_path / "g"
     first = json.loads((run / "report.json").read_text())
     assert first["heldout_n"] == 16 and 0 <= first["heldout_accuracy_before"] <= 1
     assert (run / "reward.png").stat().st_size > 1000
+    # The finished job took its rollout and reward apps and its pushed weights with it.
+    assert serve_apps(head) == set() and not (weights / "g").exists()
 
     # Re-submitting with a longer budget resumes after step 2: the warm-up is not redone,
     # steps 3-5 are trained from new prompts and weight versions continue. The resumed run is
@@ -60,6 +72,8 @@ def test_grpo_job_submit_and_resubmit(head, tmp_path, trained_reward_model):
     out = submit(head, [*args, "--algo.steps", "5", "--async_rl.eta", "1", "--reward.model.path", rm,
                         "--reward.model.weight", "0.5"])
     assert "sft step" not in out
+    assert serve_apps(head) == set() and not (weights / "g").exists()
+    shutil.rmtree(weights, ignore_errors=True)
     grpo = grpo_rows(run)
     assert [r["step"] for r in grpo] == [1, 2, 3, 4, 5] and [r["weight_version"] for r in grpo] == [1, 2, 3, 4, 5]
     for r in grpo:
@@ -97,6 +111,7 @@ def test_grpo_raises_heldout_accuracy(ray_cluster, tmp_path):
             "--warmup.train.epochs", "1", "--algo.steps", "30",
             "--rollout.weights_dir", f"/dev/shm/raypost-test-{tmp_path.name}"]
     run_pipeline("grpo.py", args, ray_cluster, timeout=840)
+    shutil.rmtree(f"/dev/shm/raypost-test-{tmp_path.name}", ignore_errors=True)
     report = json.loads((tmp_path / "learn" / "report.json").read_text())
     before, after = report["heldout_accuracy_before"], report["heldout_accuracy_after"]
     assert report["heldout_n"] == 200

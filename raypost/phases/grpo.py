@@ -70,8 +70,8 @@ def deploy(cfg: GRPOConfig, model_path: str, weights_dir: str) -> None:
     rollout_cpus, reward_cpus = serve_resources(cfg)
     serve.start(http_options={"host": cfg.reward.host, "port": cfg.reward.port})
     if "rollout" in serve.status().applications:
-        # Left by an earlier job on this cluster (Serve apps outlive jobs): fresh replicas start
-        # from the warm-up model, and the learner republishes the version it restores.
+        # Left by an earlier job on this cluster that did not finish (Serve apps outlive jobs): fresh
+        # replicas start from the warm-up model, and the learner republishes the version it restores.
         serve.delete("rollout")
     serve.run(rollout_app(model_path, cfg.rollout.model_copy(update={"weights_dir": weights_dir,
                                                                      "cpus_per_replica": rollout_cpus})),
@@ -116,4 +116,15 @@ def evaluate(cfg: GRPOConfig, data: PreparedData, version: int | None = None) ->
 def reset_weights(cfg: GRPOConfig) -> None:
     """Drop pushed versions of an earlier job: fresh replicas start from the warm-up model and
     the learner republishes its restored version when it starts."""
+    shutil.rmtree(weights_dir_for(cfg), ignore_errors=True)
+
+
+def teardown(cfg: GRPOConfig) -> None:
+    """After the run: delete the job's Serve apps, whose replicas would otherwise keep holding
+    their CPUs/GPUs on the cluster, and the pushed weights in ``rollout.weights_dir`` (shared
+    memory by default). The final model is in the last checkpoint."""
+    from ray import serve
+
+    for app in ("rollout", "reward"):
+        serve.delete(app)
     shutil.rmtree(weights_dir_for(cfg), ignore_errors=True)
