@@ -1,5 +1,7 @@
 """Distillation losses over the teacher's top-k support. Pure functions: tensors in,
-``(loss_sum, count, metrics)`` out.
+``(loss_sum, count, metrics)`` out. The loss is the *sum* over positions: a learner divides it
+by the supervised positions of the whole global batch (every micro-batch and rank), which makes
+the step's loss the token mean over that batch however it is split.
 
 Shapes: ``student_logits: [N, V]`` one row per supervised position; ``teacher_ids: [N, k]``
 and ``teacher_logprobs: [N, k]`` the teacher's k most likely next tokens and their log-probs
@@ -82,20 +84,22 @@ def kd_loss(student_logits: torch.Tensor, teacher_ids: torch.Tensor, teacher_log
 
 
 def on_policy_reverse_kl(logp: torch.Tensor, old_logp: torch.Tensor, teacher_logp: torch.Tensor,
-                         mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+                         mask: torch.Tensor, norm: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """On-policy distillation with the reverse KL as a dense per-token advantage.
 
     logp [N, T]: sampled tokens under the current student; old_logp [N, T]: under the student
     that sampled them (the rollout replica); teacher_logp [N, T]: under the teacher; mask [N, T].
     A_t = teacher_logp - old_logp (minus the single-sample estimate of KL(student || teacher)
     at token t, no discounting), in an importance-weighted policy gradient:
-    loss = -sum(exp(logp - old_logp) * A * mask) / sum(mask). Its gradient at logp = old_logp
+    loss = -sum(exp(logp - old_logp) * A * mask) / n. Its gradient at logp = old_logp
     is -A_t / n per token: raise the tokens the teacher likes more than the student does.
+    Normalizer: ``norm`` = n, the sampled tokens of the global batch (every micro-batch and
+    rank), so micro-batch shares add up to the global token mean; None: this batch's sum(mask).
     """
     adv = (teacher_logp - old_logp).detach()
     ratio = torch.exp(logp - old_logp.detach())
     n = mask.sum().clamp(min=1)
-    loss = -(ratio * adv * mask).sum() / n
+    loss = -(ratio * adv * mask).sum() / (n if norm is None else max(norm, 1.0))
     with torch.no_grad():
         reverse_kl = float(-(adv * mask).sum() / n)
         ratio_mean = float((ratio * mask).sum() / n)

@@ -6,6 +6,13 @@ correction, see offpolicy.py); ``adv: [B]`` one advantage per sequence; ``mask: 
 completion tokens. Optional ``kl: [B, T]`` is added with weight ``beta`` inside the same
 aggregation; optional ``weight: [B, T]`` (importance weights, no gradient) scales each token's
 surrogate. ``B`` = sequences in this micro-batch.
+
+Normalization over the global batch. A learner splits one optimizer step's batch over ranks
+and micro-batches, and each call sees one micro-batch. ``counts`` holds the sizes of the
+*whole* global batch (every micro-batch on every rank); each loss divides by the one its
+documented mean needs, so a call returns its micro-batch's share and the shares add up to the
+global loss (``raypost.train.engine.backward_share`` backpropagates one share).
+``counts=None`` takes this micro-batch's own sizes: right when it is the whole batch.
 """
 
 from __future__ import annotations
@@ -15,6 +22,19 @@ from dataclasses import dataclass
 import torch
 
 from raypost.algos.registry import POLICY_LOSSES
+
+
+@dataclass(frozen=True)
+class BatchCounts:
+    """Sizes of one optimizer step's global batch, summed over every micro-batch and rank."""
+
+    sequences: float  # sequences, masked-out ones included
+    tokens: float  # loss-mask tokens, before an off-policy correction drops any
+
+    @staticmethod
+    def of(mask: torch.Tensor) -> "BatchCounts":
+        """The sizes of a batch that is the whole global batch. mask: [B, T]."""
+        return BatchCounts(float(mask.shape[0]), float(mask.sum()))
 
 
 @dataclass(frozen=True)
@@ -52,26 +72,32 @@ def _with_kl(per_token, kl, beta):
 
 
 @POLICY_LOSSES.register("grpo")
-def grpo_loss(logp, old_logp, adv, mask, p: LossParams, kl=None, weight=None):
-    """GRPO: clipped surrogate, mean over each sequence's tokens, then mean over sequences."""
+def grpo_loss(logp, old_logp, adv, mask, p: LossParams, kl=None, weight=None, counts=None):
+    """GRPO: clipped surrogate, mean over each sequence's tokens, then mean over sequences.
+    Normalizer: ``counts.sequences`` (masked-out sequences count, as in TRL)."""
+    counts = counts or BatchCounts.of(mask)
     per_token, ratio, clip_hit = _clipped_objective(logp, old_logp, adv, p, weight)
     per_token = _with_kl(per_token, kl, p.beta) * mask
     per_seq = per_token.sum(1) / mask.sum(1).clamp(min=1)
-    return per_seq.mean(), _metrics(per_token, ratio, clip_hit, mask, kl)
+    return per_seq.sum() / max(counts.sequences, 1), _metrics(per_token, ratio, clip_hit, mask, kl)
 
 
 @POLICY_LOSSES.register("dapo")
-def dapo_loss(logp, old_logp, adv, mask, p: LossParams, kl=None, weight=None):
-    """DAPO: token-level mean over all tokens of the batch, clip-higher (eps_high > eps_low)."""
+def dapo_loss(logp, old_logp, adv, mask, p: LossParams, kl=None, weight=None, counts=None):
+    """DAPO: token-level mean over all tokens of the batch, clip-higher (eps_high > eps_low).
+    Normalizer: ``counts.tokens``."""
+    counts = counts or BatchCounts.of(mask)
     per_token, ratio, clip_hit = _clipped_objective(logp, old_logp, adv, p, weight)
     per_token = _with_kl(per_token, kl, p.beta) * mask
-    return per_token.sum() / mask.sum().clamp(min=1), _metrics(per_token, ratio, clip_hit, mask, kl)
+    return per_token.sum() / max(counts.tokens, 1), _metrics(per_token, ratio, clip_hit, mask, kl)
 
 
 @POLICY_LOSSES.register("dr_grpo")
-def dr_grpo_loss(logp, old_logp, adv, mask, p: LossParams, kl=None, weight=None):
+def dr_grpo_loss(logp, old_logp, adv, mask, p: LossParams, kl=None, weight=None, counts=None):
     """Dr.GRPO: sum over tokens divided by a constant (max_tokens), mean over sequences; no
-    length normalization (pair with the 'grpo' advantage with std_normalize=False)."""
+    length normalization (pair with the 'grpo' advantage with std_normalize=False).
+    Normalizer: ``max_tokens x counts.sequences``."""
+    counts = counts or BatchCounts.of(mask)
     per_token, ratio, clip_hit = _clipped_objective(logp, old_logp, adv, p, weight)
     per_token = _with_kl(per_token, kl, p.beta) * mask
-    return (per_token.sum(1) / p.max_tokens).mean(), _metrics(per_token, ratio, clip_hit, mask, kl)
+    return per_token.sum() / (p.max_tokens * max(counts.sequences, 1)), _metrics(per_token, ratio, clip_hit, mask, kl)

@@ -23,6 +23,11 @@ def sequences(groups: Sequence[Any], adv: torch.Tensor) -> list[dict[str, Any]]:
     return out
 
 
+def loss_tokens(rows: Sequence[dict[str, Any]]) -> int:
+    """Completion tokens that ``collate`` puts in the loss mask of these rows."""
+    return sum(len(r["ids"]) - r["start"] for r in rows if r["train"] and len(r["ids"]) > r["start"])
+
+
 def collate(rows: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
     """input_ids/attention_mask [N, T]; targets/mask/old_logp [N, T-1]; adv [N]."""
     t = max(len(r["ids"]) for r in rows)

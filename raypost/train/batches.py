@@ -69,6 +69,12 @@ def micro_batches(rows: list[dict[str, Any]], size: int) -> Iterator[list[dict[s
         yield rows[i:i + size]
 
 
+def supervised_tokens(rows: Sequence[dict[str, Any]]) -> int:
+    """Positions whose next-token label is supervised: the count ``token_loss_sums`` returns
+    for these rows, known before any forward pass."""
+    return int(sum((np.asarray(r["labels"][1:]) != IGNORE_INDEX).sum() for r in rows))
+
+
 def token_loss_sums(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed next-token cross-entropy over supervised positions, and their count.
 

@@ -80,6 +80,28 @@ def set_hyperparams(engine: Any, optim: OptimConfig) -> None:
     sched._last_lr = [g["lr"] for g in sched.optimizer.param_groups]
 
 
+def all_sum(*values: float) -> list[float]:
+    """``values`` summed over every rank (float64); the values themselves without a process group."""
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def backward_share(engine: Any, loss: torch.Tensor) -> None:
+    """Backward of one micro-batch's share of a loss normalized over the global batch.
+
+    The learners' losses divide by the size of the whole global batch (every micro-batch on
+    every rank; see raypost.algos), so the shares add up to the step's loss. DeepSpeed would
+    divide each micro-batch's loss by gradient_accumulation_steps and then averages gradients
+    over the data-parallel ranks; this undoes both, so the step's gradient is the gradient of
+    that sum, however the batch was split (tests/test_learner_equivalence.py).
+    """
+    engine.backward(loss * engine.dp_world_size, scale_wrt_gas=False)
+
+
 def full_state_dict(engine: Any, zero_stage: int) -> dict[str, torch.Tensor] | None:
     """The whole model's weights on rank 0 (ZeRO-3 gathers them; every rank must call)."""
     import torch.distributed as dist

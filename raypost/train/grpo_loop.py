@@ -18,15 +18,15 @@ from typing import Any
 import ray.train
 import torch
 
-from raypost.algos import KL_ESTIMATORS, OFF_POLICY, POLICY_LOSSES, LossParams
+from raypost.algos import KL_ESTIMATORS, OFF_POLICY, POLICY_LOSSES, BatchCounts, LossParams
 from raypost.config.grpo import GRPOConfig
 from raypost.rl import groups as G
 from raypost.rl.controller import RolloutController, StalenessAdmission
 from raypost.rl.producer import RolloutProducer
-from raypost.rl.tensors import collate, sequences, token_logprobs
+from raypost.rl.tensors import collate, loss_tokens, sequences, token_logprobs
 from raypost.train import checkpointing
 from raypost.train.batches import micro_batches
-from raypost.train.engine import setup_learner
+from raypost.train.engine import all_sum, backward_share, setup_learner
 from raypost.train.sync import broadcast_from_rank0, push_weights
 from raypost.utils.metrics import MetricsLogger, Progress
 
@@ -34,12 +34,16 @@ log = logging.getLogger("raypost.grpo")
 
 
 def _learn(engine: Any, ref: Any, rows: list[dict], cfg: GRPOConfig, pad_id: int) -> dict[str, float]:
-    """One optimizer step over this rank's sequences; returns averaged loss metrics."""
+    """One optimizer step over this rank's sequences of the global batch. The loss is
+    normalized over the whole global batch (``BatchCounts`` summed over ranks). Returns the
+    global batch's loss and the other loss metrics averaged over this rank's micro-batches."""
     algo = cfg.algo
     params = LossParams(eps_low=algo.eps_low, eps_high=algo.eps_high, beta=algo.beta, max_tokens=algo.max_new_tokens)
     loss_fn, kl_fn = POLICY_LOSSES.get_fn(algo.loss), KL_ESTIMATORS.get_fn(algo.kl_estimator)
     correct = OFF_POLICY.get_fn(cfg.async_rl.correction)
+    counts = BatchCounts(*all_sum(float(len(rows)), float(loss_tokens(rows))))
     sums: dict[str, float] = {}
+    share = 0.0
     chunks = list(micro_batches(rows, cfg.optim.micro_batch_size))
     for mb in chunks:
         b = collate(mb, pad_id)
@@ -52,14 +56,15 @@ def _learn(engine: Any, ref: Any, rows: list[dict], cfg: GRPOConfig, pad_id: int
             kl = kl_fn(logp, token_logprobs(ref_logits, b["targets"], algo.temperature)[0])
         # One update per batch: the proximal policy is this forward's own (pre-update) log-probs.
         anchor, weight, mask, m_is = correct(logp, logp.detach(), b["old_logp"], b["mask"], cfg.async_rl.is_cap)
-        loss, m = loss_fn(logp, anchor, b["adv"], mask, params, kl, weight)
+        loss, m = loss_fn(logp, anchor, b["adv"], mask, params, kl, weight, counts)
         m.update(m_is)
-        engine.backward(loss)
+        backward_share(engine, loss)
         engine.step()
-        n = b["mask"].sum().clamp(min=1)
-        m.update(loss=loss.item(), entropy=float((entropy * b["mask"]).sum() / n))
+        share += loss.item()
+        m["entropy"] = float((entropy * b["mask"]).sum() / b["mask"].sum().clamp(min=1))
         for k, v in m.items():
             sums[k] = sums.get(k, 0.0) + v / len(chunks)
+    (sums["loss"],) = all_sum(share)
     return sums
 
 

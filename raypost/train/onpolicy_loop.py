@@ -24,10 +24,10 @@ import torch
 from raypost.algos.distill import KDParams, kd_loss, on_policy_reverse_kl
 from raypost.config.distill import DistillConfig
 from raypost.rewards.verifiers import answers_match
-from raypost.rl.tensors import collate, token_logprobs
+from raypost.rl.tensors import collate, loss_tokens, token_logprobs
 from raypost.train import checkpointing
 from raypost.train.batches import micro_batches
-from raypost.train.engine import setup_learner
+from raypost.train.engine import all_sum, backward_share, setup_learner
 from raypost.train.sync import broadcast_from_rank0, push_weights
 from raypost.utils.metrics import MetricsLogger, Progress
 
@@ -72,11 +72,15 @@ def _teacher_tensors(rows: list[dict], t: int, k: int) -> tuple[torch.Tensor, to
 
 
 def learn(engine: Any, rows: list[dict], cfg: DistillConfig, pad_id: int) -> dict[str, float]:
-    """One optimizer step over this rank's sequences; returns averaged loss metrics."""
+    """One optimizer step over this rank's sequences of the global batch. Both losses are
+    token means over the sampled tokens of the whole global batch (counted over all ranks).
+    Returns the global batch's loss and the other metrics averaged over micro-batches."""
     d = cfg.distill
     k = d.top_k if d.on_policy_loss == "gkd" else 0
     kd = KDParams(divergence=d.divergence, beta=d.beta, temperature=d.temperature)
+    (norm,) = all_sum(float(loss_tokens(rows)))
     sums: dict[str, float] = {}
+    share = 0.0
     chunks = list(micro_batches(rows, d.on_policy_optim.micro_batch_size))
     for mb in chunks:
         b = collate(mb, pad_id)
@@ -86,18 +90,19 @@ def learn(engine: Any, rows: list[dict], cfg: DistillConfig, pad_id: int) -> dic
         logp, _ = token_logprobs(logits, b["targets"], d.on_policy_temperature)
         if d.on_policy_loss == "gkd":
             keep = b["mask"] > 0
-            total, n, m = kd_loss(logits[:, :-1][keep], top_ids[keep], top_lp[keep], torch.ones(int(keep.sum())), kd)
-            loss = total / n.clamp(min=1)
+            total, _, m = kd_loss(logits[:, :-1][keep], top_ids[keep], top_lp[keep], torch.ones(int(keep.sum())), kd)
+            loss = total / max(norm, 1.0)
             with torch.no_grad():  # the same diagnostics as the reverse-KL loss reports
                 m["reverse_kl"] = float(((b["old_logp"] - teacher_lp) * b["mask"]).sum() / b["mask"].sum().clamp(min=1))
                 m["ratio_mean"] = float(((logp - b["old_logp"]).exp() * b["mask"]).sum() / b["mask"].sum().clamp(min=1))
         else:
-            loss, m = on_policy_reverse_kl(logp, b["old_logp"], teacher_lp, b["mask"])
-        engine.backward(loss)
+            loss, m = on_policy_reverse_kl(logp, b["old_logp"], teacher_lp, b["mask"], norm)
+        backward_share(engine, loss)
         engine.step()
-        m["loss"] = loss.item()
+        share += loss.item()
         for key, v in m.items():
             sums[key] = sums.get(key, 0.0) + v / len(chunks)
+    (sums["loss"],) = all_sum(share)
     return sums
 
 

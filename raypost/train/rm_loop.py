@@ -19,7 +19,7 @@ from raypost.algos.pairwise import bradley_terry_loss
 from raypost.config.reward_model import RewardModelConfig
 from raypost.train import checkpointing
 from raypost.train.batches import micro_batches, rank_slice
-from raypost.train.engine import setup_learner
+from raypost.train.engine import all_sum, backward_share, setup_learner
 from raypost.utils.metrics import MetricsLogger, Progress
 
 log = logging.getLogger("raypost.rm")
@@ -85,13 +85,16 @@ def eval_accuracy(engine: Any, pad_id: int, rank: int, world: int, mb: int) -> f
 
 
 def train_step(engine: Any, rows: list[dict[str, Any]], cfg: RewardModelConfig, pad_id: int) -> dict[str, float]:
-    """One optimizer step over this rank's pairs (micro-batches accumulate)."""
+    """One optimizer step over this rank's pairs of the global batch (micro-batches
+    accumulate); the loss is the mean over the global batch's pairs, counted over all ranks.
+    Returns the metrics as means over the global batch."""
+    (norm,) = all_sum(float(len(rows)))
     sums: dict[str, float] = {}
     for mb in micro_batches(rows, cfg.optim.micro_batch_size):
         c, r = scores(engine, mb, pad_id)
         margin = torch.full_like(c, cfg.train.margin) if cfg.train.margin else None
-        loss, m = bradley_terry_loss(c, r, margin, cfg.train.center_coef)
-        engine.backward(loss)
+        loss, m = bradley_terry_loss(c, r, margin, cfg.train.center_coef, norm)
+        backward_share(engine, loss)
         engine.step()
         for k, v in m.items():
             sums[k] = sums.get(k, 0.0) + v * len(mb)

@@ -13,23 +13,15 @@ from typing import Any
 
 import ray.train
 import torch
-import torch.distributed as dist
 
 from raypost.config import SFTConfig
 from raypost.train import checkpointing
-from raypost.train.batches import collate, micro_batches, rank_slice
-from raypost.train.engine import set_hyperparams, setup_learner
+from raypost.train.batches import collate, micro_batches, rank_slice, supervised_tokens
+from raypost.train.engine import all_sum, backward_share, set_hyperparams, setup_learner
 from raypost.train.objectives import Objective, cross_entropy, objective_for
 from raypost.utils.metrics import MetricsLogger, Progress
 
 log = logging.getLogger("raypost.sft")
-
-
-def _all_sum(*values: float) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64)
-    if dist.is_initialized():
-        dist.all_reduce(t)
-    return t.tolist()
 
 
 def _forward_loss(engine: Any, batch: dict[str, torch.Tensor],
@@ -54,23 +46,29 @@ def eval_loss(engine: Any, pad_id: int, rank: int, world: int, mb: int) -> float
             s, n, _ = _forward_loss(engine, collate(rows, pad_id))
             loss_sum, count = loss_sum + s.item(), count + n.item()
     engine.train()
-    loss_sum, count = _all_sum(loss_sum, count)
+    loss_sum, count = all_sum(loss_sum, count)
     return loss_sum / max(count, 1.0)
 
 
 def train_step(engine: Any, rows: list[dict[str, Any]], pad_id: int, micro: int,
                objective: Objective = cross_entropy) -> tuple[float, int, dict[str, float]]:
-    """One optimizer step over this rank's rows; returns (token-mean loss, real tokens seen,
-    the objective's metrics averaged over micro-batches)."""
-    loss_sum, supervised, tokens, extra, count = 0.0, 0, 0, {}, 0
+    """One optimizer step over this rank's rows of the global batch.
+
+    The loss is the objective's sum over supervised tokens divided by the supervised tokens of
+    the whole global batch (all ranks), so it is the global token mean however the batch is
+    split. Returns (this rank's share of that loss: the shares add up to it over ranks, real
+    tokens seen, the objective's metrics averaged over micro-batches)."""
+    (norm,) = all_sum(float(supervised_tokens(rows)))
+    share, tokens, extra, count = 0.0, 0, {}, 0
     for mb in micro_batches(rows, micro):
-        s, n, metrics = _forward_loss(engine, collate(mb, pad_id), objective)
-        engine.backward(s / n.clamp(min=1))
+        s, _, metrics = _forward_loss(engine, collate(mb, pad_id), objective)
+        loss = s / max(norm, 1.0)
+        backward_share(engine, loss)
         engine.step()
-        loss_sum, supervised = loss_sum + s.item(), supervised + int(n)
+        share += loss.item()
         tokens += sum(len(r["input_ids"]) for r in mb)
         extra, count = {k: extra.get(k, 0.0) + v for k, v in metrics.items()}, count + 1
-    return loss_sum / max(1, supervised), tokens, {k: v / max(1, count) for k, v in extra.items()}
+    return share, tokens, {k: v / max(1, count) for k, v in extra.items()}
 
 
 def sft_loop(config: dict[str, Any]) -> None:
@@ -110,9 +108,9 @@ def sft_loop(config: dict[str, Any]) -> None:
         last = state.step >= total
         logged = state.step % cfg.run.log_every == 0 or last
         if logged:
-            loss_g, tok_g = _all_sum(loss, window_tokens)
+            loss_g, tok_g = all_sum(loss, window_tokens)
             dt = time.time() - window_t0
-            metrics = {"phase": "sft", "loss": loss_g / world, "tokens_per_s": tok_g / max(dt, 1e-9),
+            metrics = {"phase": "sft", "loss": loss_g, "tokens_per_s": tok_g / max(dt, 1e-9),
                        "lr": engine.get_lr()[0], **extra}  # extra: rank 0's objective metrics
             window_tokens, window_t0 = 0.0, time.time()
         if last or (cfg.train.eval_every and state.step % cfg.train.eval_every == 0):

@@ -1,0 +1,202 @@
+"""Worker side of the gradient-equivalence test (tests/test_learner_equivalence.py).
+
+One Ray Train worker loop runs every learner's own step function (SFT, offline KD, GRPO and its
+variants, on-policy distillation, the reward model) once, on a DeepSpeed engine whose optimizer
+is plain SGD, from the same seeded weights. SGD makes the update a scaled copy of the gradient:
+``delta = -lr * grad``, so comparing updates compares gradients, at every ZeRO stage (ZeRO-2/3
+partition the gradients, the gathered weights do not). Rank 0 saves ``-delta / lr`` per case.
+
+The batches are fixed here; their sequence lengths differ by more than 10x, so a loss that is
+normalized per micro-batch instead of over the global batch gives a different gradient.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from raypost.data.tokenize import IGNORE_INDEX
+
+GLOBAL_BATCH = 8
+LR = 1.0
+K = 4  # teacher top-k width
+# Completion (or supervised) lengths per row: short and long rows land in different micro-batches.
+LENGTHS = [2, 3, 45, 1, 60, 4, 30, 2]
+PROMPTS = [5, 9, 3, 12, 4, 7, 6, 3]
+
+
+def _ids(rng: random.Random, n: int, vocab: int) -> list[int]:
+    return [rng.randrange(4, vocab) for _ in range(n)]
+
+
+def sft_rows(vocab: int, teacher: bool = False) -> list[dict[str, Any]]:
+    """Packed-format SFT rows; rows 2 and 5 hold two examples each (segments 1 and 2)."""
+    rng = random.Random(0)
+    rows = []
+    for i, (p, c) in enumerate(zip(PROMPTS, LENGTHS)):
+        segments = [(p, c)] + ([(3, 5)] if i in (2, 5) else [])
+        ids, labels, pos, seg = [], [], [], []
+        for s, (sp, sc) in enumerate(segments, start=1):
+            toks = _ids(rng, sp + sc, vocab)
+            ids += toks
+            labels += [IGNORE_INDEX] * sp + toks[sp:]
+            pos += list(range(sp + sc))
+            seg += [s] * (sp + sc)
+        row = {"input_ids": ids, "labels": labels, "position_ids": pos, "segment_ids": seg,
+               "sample_ids": str(i)}
+        if teacher:
+            n = len(ids)
+            row["teacher_ids"] = [rng.randrange(4, vocab) for _ in range(n * K)]
+            row["teacher_logprobs"] = sorted((-rng.uniform(0.1, 6.0) for _ in range(n * K)), reverse=True)
+        rows.append(row)
+    return rows
+
+
+def rl_rows(vocab: int, teacher: bool = False) -> list[dict[str, Any]]:
+    """GRPO / on-policy sequences: prompt + completion, behaviour log-probs, advantages; row 7
+    is masked out of the loss (an overlong-filtered sample). Every 5th behaviour log-prob is far
+    below the policy's (about -6.2 on this vocabulary), so its importance weight passes the cap
+    (TIS truncates it, the decoupled objective drops the token)."""
+    rng = random.Random(1)
+    rows = []
+    for i, (p, c) in enumerate(zip(PROMPTS, LENGTHS)):
+        old = [-8.0 if j % 5 == 4 else -6.2 + rng.uniform(-0.3, 0.3) for j in range(c)]
+        row = {"ids": _ids(rng, p + c, vocab), "start": p, "old": old,
+               "adv": rng.uniform(-1.5, 1.5), "train": i != 7, "version": 0, "sample_id": f"{i}#0"}
+        if teacher:
+            row.update(teacher=[-rng.uniform(1.0, 8.0) for _ in range(c)],
+                       top_ids=[rng.randrange(4, vocab) for _ in range(c * K)],
+                       top_logprobs=sorted((-rng.uniform(0.1, 6.0) for _ in range(c * K)), reverse=True))
+        rows.append(row)
+    return rows
+
+
+def rm_rows(vocab: int) -> list[dict[str, Any]]:
+    rng = random.Random(2)
+    return [{"chosen_ids": _ids(rng, p + c, vocab), "rejected_ids": _ids(rng, p + LENGTHS[-1 - i], vocab),
+             "chosen_types": [], "rejected_types": []} for i, (p, c) in enumerate(zip(PROMPTS, LENGTHS))]
+
+
+# -- the learners' own step functions, one per case ------------------------------------------
+def _sft(objective_kd: dict | None) -> Callable:
+    def step(engine: Any, rows: list, micro: int, pad: int, world: int, path: str) -> None:
+        from raypost.train.objectives import objective_for
+        from raypost.train.sft_loop import train_step
+
+        train_step(engine, rows, pad, micro, objective_for(objective_kd))
+
+    return step
+
+
+def _grpo(loss: str, beta: float = 0.0, correction: str = "tis") -> Callable:
+    def step(engine: Any, rows: list, micro: int, pad: int, world: int, path: str) -> None:
+        from raypost.config.grpo import GRPOConfig
+        from raypost.models.hf import load_causal_lm
+        from raypost.train.grpo_loop import _learn
+
+        cfg = GRPOConfig.model_validate({
+            "algo": {"loss": loss, "beta": beta, "kl_estimator": "k3", "group_size": 4, "prompts_per_step": 2,
+                     "eps_high": 0.28 if loss == "dapo" else 0.2, "max_new_tokens": 64},
+            "async_rl": {"correction": correction}, "optim": {"micro_batch_size": micro},
+            "resources": {"num_workers": world, "cpus_per_worker": 0.5}})
+        ref = load_causal_lm(path).eval() if beta > 0 else None
+        _learn(engine, ref, rows, cfg, pad)
+
+    return step
+
+
+def _on_policy(loss: str) -> Callable:
+    def step(engine: Any, rows: list, micro: int, pad: int, world: int, path: str) -> None:
+        from raypost.config.distill import DistillConfig
+        from raypost.train.onpolicy_loop import learn
+
+        cfg = DistillConfig.model_validate({
+            "distill": {"mode": "on_policy", "on_policy_loss": loss, "top_k": K, "divergence": "jsd",
+                        "prompts_per_step": 4, "samples_per_prompt": 2, "on_policy_optim": {"micro_batch_size": micro}},
+            "resources": {"num_workers": world, "cpus_per_worker": 0.5}})
+        learn(engine, rows, cfg, pad)
+
+    return step
+
+
+def _rm(engine: Any, rows: list, micro: int, pad: int, world: int, path: str) -> None:
+    from raypost.config.reward_model import RewardModelConfig
+    from raypost.train.rm_loop import train_step
+
+    cfg = RewardModelConfig.model_validate({"optim": {"micro_batch_size": micro},
+                                            "train": {"margin": 0.5, "center_coef": 0.1}})
+    train_step(engine, rows, cfg, pad)
+
+
+# case -> (rows builder, model kind, step)
+CASES: dict[str, tuple[Callable[[int], list], str, Callable]] = {
+    "sft": (sft_rows, "lm", _sft(None)),
+    "kd_forward_kl": (lambda v: sft_rows(v, teacher=True), "lm",
+                      _sft({"divergence": "forward_kl", "temperature": 2.0, "kd_weight": 0.7})),
+    "kd_jsd": (lambda v: sft_rows(v, teacher=True), "lm", _sft({"divergence": "jsd", "beta": 0.5})),
+    "grpo_kl": (rl_rows, "lm", _grpo("grpo", beta=0.05)),
+    "dapo": (rl_rows, "lm", _grpo("dapo")),
+    "dapo_decoupled": (rl_rows, "lm", _grpo("dapo", correction="decoupled")),
+    "dr_grpo_kl": (rl_rows, "lm", _grpo("dr_grpo", beta=0.05)),
+    "on_policy_reverse_kl": (lambda v: rl_rows(v, teacher=True), "lm", _on_policy("reverse_kl")),
+    "on_policy_gkd": (lambda v: rl_rows(v, teacher=True), "lm", _on_policy("gkd")),
+    "reward_model": (rm_rows, "rm", _rm),
+}
+
+
+def _engine(model: torch.nn.Module, zero: int, micro: int, accum: int, world: int) -> Any:
+    import deepspeed
+
+    from raypost.config import DeepSpeedConfig, OptimConfig
+    from raypost.train.engine import deepspeed_config
+
+    optim = OptimConfig(micro_batch_size=micro, grad_accum=accum, grad_clip=1e6)
+    config = deepspeed_config(DeepSpeedConfig(zero_stage=zero), optim, world)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=LR),
+                                      config=config)
+    return engine
+
+
+def _model(kind: str, path: str) -> torch.nn.Module:
+    from raypost.models.hf import load_causal_lm, load_sequence_classifier
+
+    torch.manual_seed(0)  # the reward model's score head is new: the same init on every run
+    return load_causal_lm(path) if kind == "lm" else load_sequence_classifier(path)
+
+
+def run_case(name: str, zero: int, micro: int, path: str, rank: int, world: int) -> dict[str, torch.Tensor] | None:
+    """One step of case ``name``; on rank 0 the gradient -delta/lr per parameter."""
+    from raypost.models.hf import load_tokenizer
+    from raypost.train.engine import full_state_dict
+
+    build, kind, step = CASES[name]
+    tok = load_tokenizer(path)
+    model = _model(kind, path)
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    rows = build(tok.vocab_size if hasattr(tok, "vocab_size") else 512)
+    accum = GLOBAL_BATCH // (world * micro)
+    engine = _engine(model, zero, micro, accum, world)
+    step(engine, rows[rank::world], micro, tok.pad_token_id, world, path)
+    after = full_state_dict(engine, zero)
+    if rank != 0:
+        return None
+    return {k: (before[k] - v.float()) / LR for k, v in after.items() if k in before}
+
+
+def equivalence_loop(config: dict[str, Any]) -> None:
+    """Ray Train entry: config = {model_path, out_dir, zeros, micro, cases}."""
+    import deepspeed
+    import ray.train
+
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    torch.set_num_threads(1)
+    deepspeed.init_distributed(dist_backend="gloo")
+    for zero in config["zeros"]:
+        for name in config["cases"]:
+            grads = run_case(name, zero, config["micro"], config["model_path"], rank, world)
+            if grads is not None:
+                torch.save(grads, Path(config["out_dir"]) / f"w{world}-z{zero}-{name}.pt")
