@@ -105,3 +105,42 @@ def test_kl_term_inside_the_aggregation():
 def test_unknown_names_list_known():
     with pytest.raises(KeyError, match="known: dapo, dr_grpo, grpo"):
         POLICY_LOSSES.get_fn("ppo2")
+
+
+def test_micro_batch_shares_add_up_to_the_global_loss_by_hand():
+    """Global batch of two sequences, one per micro-batch, at ratio 1 (logp = old_logp):
+    sequence A has 1 completion token with advantage +1 (per-token loss -1), B has 3 tokens
+    with advantage -1 (+1 each). Over the global batch: DAPO = (-1 + 3) / 4 tokens = 0.5;
+    GRPO = mean over sequences of token means = (-1 + 1) / 2 = 0; Dr.GRPO (max_tokens 4) =
+    (-1 + 3) / (4 * 2) = 0.25. A per-micro-batch DAPO mean would give (-1 + 1) / 2 = 0."""
+    from raypost.algos import BatchCounts
+
+    p = LossParams(max_tokens=4)
+    zeros = torch.zeros(1, 3)
+    mb_a = (zeros, zeros, torch.tensor([1.0]), torch.tensor([[1.0, 0.0, 0.0]]))
+    mb_b = (zeros, zeros, torch.tensor([-1.0]), torch.tensor([[1.0, 1.0, 1.0]]))
+    counts = BatchCounts(sequences=2, tokens=4)
+    expected = {"dapo": 0.5, "grpo": 0.0, "dr_grpo": 0.25}
+    for name, want in expected.items():
+        fn = POLICY_LOSSES.get_fn(name)
+        shares = [fn(*mb, p, counts=counts)[0].item() for mb in (mb_a, mb_b)]
+        assert sum(shares) == pytest.approx(want), name
+        whole = fn(torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([1.0, -1.0]),
+                   torch.cat([mb_a[3], mb_b[3]]), p)[0].item()  # counts=None: the batch is the whole
+        assert whole == pytest.approx(want), name
+    dapo = POLICY_LOSSES.get_fn("dapo")
+    per_mb_mean = (dapo(*mb_a, p)[0] + dapo(*mb_b, p)[0]).item() / 2
+    assert per_mb_mean == pytest.approx(0.0)  # what the learner optimized before global counts
+
+
+def test_bradley_terry_and_on_policy_shares_use_the_global_normalizer():
+    from raypost.algos.distill import on_policy_reverse_kl
+    from raypost.algos.pairwise import bradley_terry_loss
+
+    # BT at diff 0: -log sigmoid(0) = log 2 per pair; 1 pair of a 4-pair batch -> log(2) / 4
+    loss, m = bradley_terry_loss(torch.zeros(1), torch.zeros(1), norm=4.0)
+    assert loss.item() == pytest.approx(L(2) / 4) and m["loss"] == pytest.approx(L(2))
+    # reverse KL at logp = old: loss = -sum(A * mask) / norm; A = teacher - old = -1 on 2 tokens
+    lp = torch.zeros(1, 2)
+    loss, _ = on_policy_reverse_kl(lp, lp, -torch.ones(1, 2), torch.ones(1, 2), norm=8.0)
+    assert loss.item() == pytest.approx(2 / 8)

@@ -140,6 +140,7 @@ class RolloutProducer:
             with self.cond:
                 self.ctl.complete(ticket, group)
                 self.cond.notify_all()
+            self._wake.set()  # a dropped group frees capacity: admit its refill now, not at the next poll
         except asyncio.CancelledError:
             raise
         except BaseException as err:  # noqa: BLE001 - surfaced to the learner by take()

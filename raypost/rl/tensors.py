@@ -43,7 +43,8 @@ def collate(rows: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tens
         c = L - s  # completion tokens, targets at indices s-1 .. L-2
         if c > 0 and r["train"]:
             mask[i, s - 1:L - 1] = 1.0
-        old[i, s - 1:s - 1 + len(r["old"])] = torch.tensor(r["old"][:c], dtype=torch.float32)
+        behaviour = r["old"][:c]  # one log-prob per completion token
+        old[i, s - 1:s - 1 + len(behaviour)] = torch.tensor(behaviour, dtype=torch.float32)
     return {"input_ids": ids, "attention_mask": attn, "targets": ids[:, 1:], "mask": mask, "old_logp": old,
             "adv": torch.tensor([r["adv"] for r in rows], dtype=torch.float32)}
 

@@ -25,15 +25,20 @@ def _retryable(err: BaseException) -> bool:
 
 
 class RolloutClient:
-    """Generate on the ``app_name`` Serve app; ``chunk`` prompts per request."""
+    """Generate on the ``app_name`` Serve app (or on ``handle``, any object with the app's
+    ``generate.remote`` and ``weight_version.remote``); ``chunk`` prompts per request. A
+    request that fails with a replica error is retried up to ``max_attempts`` times, after
+    ``backoff_s`` doubling per attempt (capped at 10x)."""
 
     def __init__(self, app_name: str = "rollout", weights_dir: str = "/dev/shm/raypost", max_attempts: int = 4,
-                 chunk: int = 1) -> None:
-        from ray import serve
+                 chunk: int = 1, handle: Any = None, backoff_s: float = 0.2) -> None:
+        if handle is None:
+            from ray import serve
 
-        self.handle = serve.get_app_handle(app_name)
+            handle = serve.get_app_handle(app_name)
+        self.handle = handle
         self.weights_dir = weights_dir
-        self.max_attempts, self.chunk = max_attempts, chunk
+        self.max_attempts, self.chunk, self.backoff_s = max_attempts, chunk, backoff_s
         self.retries = 0
 
     async def _one(self, prompts: list[list[int]], n: int, sampling: dict) -> list[dict]:
@@ -46,7 +51,7 @@ class RolloutClient:
                 self.retries += 1
                 log.warning("rollout request failed (%s); retry %d/%d on another replica",
                             type(err).__name__, attempt, self.max_attempts - 1)
-                await asyncio.sleep(min(2.0, 0.2 * 2 ** attempt))
+                await asyncio.sleep(min(10 * self.backoff_s, self.backoff_s * 2 ** attempt))
         raise AssertionError("unreachable")
 
     async def agenerate(self, prompt_ids: Sequence[Sequence[int]], n: int, sampling: Mapping[str, Any]) -> list[dict]:

@@ -1,0 +1,296 @@
+"""The RL core without Ray: learner tensors, scoring rules, and the rollout producer driven
+by fakes of the rollout and reward apps (each test answers in well under a second)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Callable, Iterator
+
+import pytest
+import torch
+
+from raypost.config.grpo import AlgoConfig
+from raypost.rl import groups as G
+from raypost.rl.controller import RolloutController, StalenessAdmission
+from raypost.rl.producer import RolloutProducer
+from raypost.rl.tensors import collate, loss_tokens, token_logprobs
+from raypost.serve.rollout_client import RolloutClient
+
+PAD = 0
+
+
+# -- collate: targets, masks and behaviour log-probs line up ----------------------------------
+def test_collate_aligns_targets_mask_and_behaviour_logprobs():
+    short = {"ids": [5, 6, 7, 8, 9], "start": 3, "old": [-0.8, -0.9], "adv": 1.5, "train": True}
+    long = {"ids": [5, 6, 10, 11, 12, 13, 14], "start": 2, "old": [-0.1, -0.2, -0.3, -0.4, -0.5], "adv": -1.0,
+            "train": True}
+    b = collate([short, long], PAD)
+    assert b["input_ids"].tolist() == [[5, 6, 7, 8, 9, PAD, PAD], [5, 6, 10, 11, 12, 13, 14]]
+    assert b["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 0, 0], [1] * 7]
+    # target t is token t+1: the completion tokens 8, 9 sit at target indices 2, 3 (start - 1 ...)
+    assert b["targets"][0].tolist() == [6, 7, 8, 9, PAD, PAD]
+    assert b["mask"].tolist() == [[0, 0, 1, 1, 0, 0], [0, 1, 1, 1, 1, 1]]
+    assert torch.allclose(b["old_logp"], torch.tensor([[0, 0, -0.8, -0.9, 0, 0], [0, -0.1, -0.2, -0.3, -0.4, -0.5]]))
+    picked = b["targets"][b["mask"] > 0].tolist()
+    assert picked == [8, 9, 10, 11, 12, 13, 14]  # exactly the completions, in order
+    assert b["adv"].tolist() == [1.5, -1.0]
+    assert loss_tokens([short, long]) == int(b["mask"].sum()) == 7
+
+
+def test_collate_masks_filtered_and_empty_completions_and_truncates_extra_logprobs():
+    filtered = {"ids": [5, 6, 7], "start": 1, "old": [-1.0, -2.0], "adv": 1.0, "train": False}
+    empty = {"ids": [5, 6], "start": 2, "old": [], "adv": 0.0, "train": True}
+    extra = {"ids": [5, 6, 7, 8], "start": 3, "old": [-0.5, -9.0], "adv": 0.0, "train": True}  # one too many
+    b = collate([filtered, empty, extra], PAD)
+    assert b["mask"].tolist() == [[0, 0, 0], [0, 0, 0], [0, 0, 1]]
+    assert b["old_logp"][2].tolist() == [0, 0, -0.5]
+    assert loss_tokens([filtered, empty, extra]) == 1
+
+
+def test_token_logprobs_reads_the_logits_one_position_before_each_target():
+    """Logits at position t put all mass (at temperature 1) on token 3 + t; the targets are
+    exactly those tokens, so every log-prob is ~0; shifted by one they would be ~-inf."""
+    vocab, t = 8, 4
+    logits = torch.full((1, t, vocab), -1e4)
+    for pos in range(t):
+        logits[0, pos, 3 + pos] = 0.0
+    targets = torch.tensor([[3, 4, 5]])
+    logp, entropy = token_logprobs(logits, targets, temperature=1.0)
+    assert logp.shape == (1, 3) and torch.allclose(logp, torch.zeros(1, 3), atol=1e-4)
+    assert torch.allclose(entropy, torch.zeros(1, 3), atol=1e-3)
+    wrong, _ = token_logprobs(logits, torch.tensor([[4, 5, 6]]), temperature=1.0)
+    assert (wrong < -1e3).all()
+    # temperature 2 over two equal logits: log(1/2) each
+    flat = torch.zeros(1, 2, 2)
+    half, ent = token_logprobs(flat, torch.tensor([[1]]), temperature=2.0)
+    assert half.item() == pytest.approx(-0.693147, abs=1e-5) and ent.item() == pytest.approx(0.693147, abs=1e-5)
+
+
+# -- apply_scores: rewards, per-reward scores and DAPO's overlong rules -----------------------
+def _groups() -> list[G.Group]:
+    def sample(reason: str) -> G.Sample:
+        return G.Sample([1, 2], [-0.1, -0.2], reason, "t", version=3)
+
+    return [G.Group("a", [9], "qa", "1", [sample("stop"), sample("length")]),
+            G.Group("b", [9], "qb", "2", [sample("length"), sample("stop")])]
+
+
+@pytest.mark.parametrize("overlong,rewards,masks", [
+    ("none", [1.0, 0.5, 0.25, 0.0], [True, True, True, True]),
+    ("filter", [1.0, 0.5, 0.25, 0.0], [True, False, False, True]),
+    ("penalty", [1.0, 0.5 - 0.75, 0.25 - 0.75, 0.0], [True, True, True, True]),
+])
+def test_apply_scores_fills_rewards_in_flat_order_and_applies_overlong(overlong, rewards, masks):
+    groups = _groups()
+    out = {"rewards": [1.0, 0.5, 0.25, 0.0], "scores": {"accuracy": [1, 0, 0, 0], "format": [0.0, 0.5, 0.25, 0.0]}}
+    G.apply_scores(groups, out, AlgoConfig(overlong=overlong, overlong_penalty=0.75))
+    flat = [s for g in groups for s in g.samples]
+    assert [s.reward for s in flat] == pytest.approx(rewards)
+    assert [s.train_mask for s in flat] == masks
+    assert [s.scores for s in flat][1] == {"accuracy": 0, "format": 0.5}
+    assert groups[1].version == 3
+
+
+# -- the rollout producer, driven by fakes ----------------------------------------------------
+class ActorDiedError(Exception):
+    """Named like Ray's: the rollout client retries errors of this name."""
+
+
+class _Remote:
+    def __init__(self, fn: Callable) -> None:
+        self.fn = fn
+
+    def remote(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
+class FakeRollout:
+    """The rollout app's handle. Completion i of a prompt is [prompt[0], i]; ``fail`` maps a
+    row to the errors its first requests raise; ``hang`` rows never answer."""
+
+    def __init__(self, fail: dict[int, list[Exception]] | None = None, hang: set[int] = frozenset()) -> None:
+        self.calls: list[int] = []
+        self.version = 0
+        self.fail, self.hang = fail or {}, hang
+        self.generate, self.weight_version = _Remote(self._generate), _Remote(self._version)
+
+    async def _generate(self, prompts: list[list[int]], n: int, sampling: dict) -> list[dict]:
+        row = prompts[0][0]
+        self.calls.append(row)
+        if self.fail.get(row):
+            raise self.fail[row].pop(0)
+        if row in self.hang:
+            await asyncio.sleep(3600)
+        return [{"version": self.version, "completions": [
+            {"token_ids": [p[0], i], "logprobs": [-1.0, -1.0], "finish_reason": "stop", "text": f"{p[0]}:{i}"}
+            for i in range(n)]} for p in prompts]
+
+    async def _version(self) -> int:
+        return self.version
+
+
+class FakeReward:
+    """The reward app's handle: sample 0 of a row scores 1, the others 0; ``flat`` rows score 0
+    everywhere (no learning signal); ``broken`` makes every call raise."""
+
+    def __init__(self, flat: set[int] = frozenset(), broken: bool = False) -> None:
+        self.flat, self.broken = flat, broken
+        self.score = _Remote(self._score)
+
+    async def _score(self, prompts: list[str], completions: list[str], answers: list[str]) -> dict:
+        if self.broken:
+            raise ValueError("reward function 'accuracy' failed")
+        rewards = []
+        for text in completions:
+            row, i = (int(x) for x in text.split(":"))
+            rewards.append(0.0 if row in self.flat or i else 1.0)
+        return {"rewards": rewards, "scores": {"accuracy": rewards}}
+
+
+def rows(start: int = 0, stop: int = 1000) -> Iterator[dict]:
+    for j in range(start, stop):
+        yield {"id": j, "prompt_ids": [j, 7, 7], "question": f"q{j}", "answer": "1"}
+
+
+def producer(eta: int = 0, batch: int = 2, handle: FakeRollout | None = None, reward: FakeReward | None = None,
+             source: Iterator[dict] | None = None, version: int = 0, **algo: Any) -> RolloutProducer:
+    cfg = AlgoConfig(group_size=2, prompts_per_step=batch, **algo)
+    ctl = RolloutController(StalenessAdmission(eta, batch), G.dynamic_sampling(cfg), version=version)
+    client = RolloutClient(handle=handle or FakeRollout(), max_attempts=3, backoff_s=0.001)
+    it = source or rows()
+    return RolloutProducer(ctl, client, reward or FakeReward(), lambda: next(it), cfg).start()
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 2.0) -> None:
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, "condition not reached"
+        time.sleep(0.005)
+
+
+def ids(groups: list[G.Group]) -> list[int]:
+    return [int(g.row_id) for g in groups]
+
+
+@pytest.mark.timeout(10)
+def test_producer_eta0_generates_one_batch_per_weight_version():
+    handle = FakeRollout()
+    p = producer(eta=0, handle=handle)
+    try:
+        groups, _ = p.take()
+        assert ids(groups) == [0, 1] and [g.version for g in groups] == [0, 0]
+        assert [s.reward for s in groups[0].samples] == [1.0, 0.0]
+        time.sleep(0.1)
+        assert handle.calls == [0, 1]  # nothing is generated while the learner trains version 0
+        handle.version = 1
+        p.advance(1)
+        groups, _ = p.take()
+        assert ids(groups) == [2, 3] and [g.version for g in groups] == [1, 1]
+    finally:
+        p.stop()
+
+
+@pytest.mark.timeout(10)
+def test_producer_eta1_runs_one_batch_ahead_and_no_further():
+    handle = FakeRollout()
+    p = producer(eta=1, handle=handle)
+    try:
+        wait_for(lambda: len(handle.calls) == 4)
+        time.sleep(0.1)
+        assert sorted(handle.calls) == [0, 1, 2, 3]  # (eta + 1) batches admitted before any push
+        assert ids(p.take()[0]) == [0, 1]
+        assert ids(p.take()[0]) == [2, 3]  # the batch ahead, already generated at version 0
+        p.advance(1)
+        wait_for(lambda: len(handle.calls) == 6)  # one push frees one batch of capacity
+    finally:
+        p.stop()
+
+
+@pytest.mark.timeout(10)
+def test_producer_retries_replica_errors_and_surfaces_other_errors():
+    handle = FakeRollout(fail={1: [ActorDiedError("replica 1 died"), ActorDiedError("again")]})
+    p = producer(handle=handle)
+    try:
+        assert ids(p.take()[0]) == [0, 1]
+        assert p.client.retries == 2 and handle.calls.count(1) == 3
+    finally:
+        p.stop()
+    p = producer(handle=FakeRollout(fail={0: [KeyError("bad request")]}))
+    with pytest.raises(RuntimeError, match="rollout producer failed: KeyError"):
+        p.take()
+    p.stop()
+    p = producer(reward=FakeReward(broken=True))
+    with pytest.raises(RuntimeError, match="reward function 'accuracy' failed"):
+        p.take()
+    p.stop()
+
+
+@pytest.mark.timeout(10)
+def test_dynamic_sampling_refills_groups_without_signal_within_its_budget():
+    p = producer(reward=FakeReward(flat={0, 2}), dynamic_sampling=True)
+    try:
+        assert ids(p.take()[0]) == [1, 3]  # 0 and 2 had equal rewards: dropped, refilled
+        assert p.stats()["groups_dropped"] == 2
+    finally:
+        p.stop()
+    # every group flat: after max_refill_rounds x batch = 2 drops, groups are kept (advantage 0)
+    p = producer(reward=FakeReward(flat=set(range(1000))), dynamic_sampling=True, max_refill_rounds=1)
+    try:
+        assert ids(p.take()[0]) == [2, 3]
+    finally:
+        p.stop()
+
+
+@pytest.mark.timeout(10)
+def test_producer_stops_with_requests_in_flight_and_reports_exhaustion():
+    handle = FakeRollout(hang={0, 1})
+    p = producer(handle=handle)
+    wait_for(lambda: len(handle.calls) == 2)
+    t0 = time.perf_counter()
+    p.stop()
+    assert time.perf_counter() - t0 < 1.0 and not p._thread.is_alive()
+    p = producer(source=rows(0, 3))
+    try:
+        assert ids(p.take()[0]) == [0, 1]
+        p.advance(1)
+        with pytest.raises(RuntimeError, match="prompt order ran out"):
+            p.take()
+    finally:
+        p.stop()
+
+
+@pytest.mark.timeout(10)
+def test_resume_continues_the_prompt_order_and_staleness_bookkeeping():
+    """Three steps at eta=1 with dynamic sampling, a checkpoint (cursor = controller head,
+    weight version 3), then a new producer from that cursor and version, as grpo_loop
+    resumes. The trained prompts are every prompt with signal, in order, none twice or lost,
+    though the first producer had generated a batch ahead that the checkpoint does not keep."""
+    flat = {1, 6}
+    trained: list[int] = []
+    handle = FakeRollout()  # serves the newest pushed version, as a replica does
+    first = producer(eta=1, handle=handle, reward=FakeReward(flat=flat), dynamic_sampling=True)
+    try:
+        for version in range(1, 4):
+            trained += ids(first.take()[0])
+            handle.version = version
+            first.advance(version)
+        cursor = first.ctl.head
+    finally:
+        first.stop()
+    restored = RolloutController(StalenessAdmission(1, 2), version=3)
+    assert restored.accepted == 6 and restored.capacity() == (1 + 1) * 2  # eta + 1 batches, as at a fresh v3
+    resumed = producer(eta=1, handle=handle, reward=FakeReward(flat=flat), dynamic_sampling=True,
+                       source=rows(cursor), version=3)
+    try:
+        for version in range(4, 7):
+            groups = resumed.take()[0]
+            assert all(version - 1 - g.version <= 1 for g in groups)  # within eta of the learner
+            trained += ids(groups)
+            handle.version = version
+            resumed.advance(version)
+        assert resumed.ctl.dropped_stale == 0
+    finally:
+        resumed.stop()
+    expected = [j for j in range(14) if j not in flat]
+    assert trained == expected
