@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.raypost-installed
 EXTRAS ?= cpu,test
 
-.PHONY: setup redis run test bench chaos clean-venv
+.PHONY: setup redis run test test-fast bench chaos clean-venv
 
 setup: $(STAMP)
 
@@ -33,9 +33,13 @@ redis:
 	@command -v redis-server >/dev/null || $(SUDO) apt-get install -y -q redis-server \
 	  || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q redis-server; }
 
-# The whole test suite.
+# The whole test suite (pyproject's addopts print the 15 slowest tests at the end).
 test: setup redis
 	$(PY) -m pytest tests -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# Everything but the end-to-end runs marked `slow` (pipelines, vLLM replicas, Tune, drills).
+test-fast: setup
+	$(PY) -m pytest tests -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) benchmarks/sft_throughput.py

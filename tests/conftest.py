@@ -82,6 +82,23 @@ def run_pipeline(script: str, args: list[str], address: str, timeout: float = 60
 
 
 @pytest.fixture(scope="session")
+def untrained_reward_model(tmp_path_factory) -> Path:
+    """MiniLM-L6 with a new score head (seeded), saved as the reward-model pipeline saves its
+    model: a real reward model for the reward service to load and run, whose scores carry no
+    meaning. Tests of the plumbing use it; the trained model's quality has its own test."""
+    import torch
+
+    from raypost.models.hf import load_sequence_classifier, load_tokenizer
+    from raypost.phases.reward_model import default_backbone
+
+    out = tmp_path_factory.mktemp("rm-untrained") / "hf"
+    torch.manual_seed(0)
+    load_sequence_classifier(default_backbone()).save_pretrained(out)
+    load_tokenizer(default_backbone()).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
 def trained_reward_model(ray_cluster, tmp_path_factory) -> Path:
     """The run folder of MiniLM-L6 trained for 20 steps on pairs built from the first 1,500
     GSM8K train rows (held out: GSM8K test), by ``pipelines/reward_model.py`` on the test cluster.

@@ -7,6 +7,7 @@ configs, and the cluster-launcher YAML passes Ray's own schema."""
 from __future__ import annotations
 
 import copy
+import re
 import shlex
 from typing import Any
 
@@ -179,11 +180,59 @@ def test_cluster_launcher_yaml_passes_rays_schema():
         validate_config(prepare_config(bad))
 
 
-def test_dockerfile_copies_what_the_manifests_run():
-    text = (CONFIGS / "Dockerfile").read_text()
-    for folder in ("raypost", "pipelines", "serve_apps", "examples"):
-        assert f"COPY --chown=ray:users {folder} ./{folder}" in text
-    assert "ENV PYTHONPATH=/app" in text and "torch==2.13.0" in text
+def dockerfile_image(text: str) -> tuple[list[tuple[str, str]], set[str], dict[str, str]]:
+    """Replay a Dockerfile's WORKDIR/COPY/ENV on the repo: (its instructions, the absolute
+    paths of the project files the image holds, its ENV)."""
+    lines = text.replace("\\\n", " ").splitlines()
+    steps = [(w[0].upper(), w[1] if len(w) > 1 else "") for line in lines if line.strip() and not line.startswith("#")
+             for w in [line.split(None, 1)]]
+    workdir, files, env = "/", set(), {}
+    for op, arg in steps:
+        if op == "WORKDIR":
+            workdir = arg.strip()
+        elif op == "ENV":
+            key, _, value = arg.partition("=")
+            env[key.strip()] = value.strip()
+        elif op == "COPY":
+            *sources, dest = [w for w in shlex.split(arg) if not w.startswith("--")]
+            base = (dest if dest.startswith("/") else f"{workdir}/{dest}").replace("/./", "/").rstrip("/")
+            for src in sources:
+                path = ROOT / src
+                if path.is_dir():
+                    files |= {f"{base}/{f.relative_to(path).as_posix()}" for f in path.rglob("*") if f.is_file()}
+                elif path.is_file():
+                    files.add(f"{base}/{src}" if dest.endswith("/") else base)
+    return steps, files, env
+
+
+def test_image_holds_what_the_manifests_run():
+    """Every script, config and Serve import path a manifest names is in the image where the
+    manifest looks for it; the package is installed after its sources are copied; torch is the
+    pin of pyproject.toml."""
+    steps, files, env = dockerfile_image((CONFIGS / "Dockerfile").read_text())
+    workdir = [a for op, a in steps if op == "WORKDIR"][-1]
+    needed = []
+    for _, doc in KUBERAY:
+        if doc["kind"] == "RayJob":
+            argv = shlex.split(doc["spec"]["entrypoint"])
+            needed += [argv[1], argv[argv.index("--config") + 1]] if "--config" in argv else [argv[1]]
+        if doc["kind"] == "RayService":
+            for app in yaml.safe_load(doc["spec"]["serveConfigV2"])["applications"]:
+                module = app["import_path"].partition(":")[0]
+                needed.append(f"{workdir}/{module.replace('.', '/')}.py")
+                assert workdir in env["PYTHONPATH"].split(":"), "the Serve import path must import from the workdir"
+    assert needed and [p for p in needed if p not in files] == []
+    install = next(i for i, (op, a) in enumerate(steps) if op == "RUN" and "pip install" in a and " -e " in a)
+    copied_before = dockerfile_image("\n".join(f"{op} {a}" for op, a in steps[:install]))[1]
+    assert f"{workdir}/pyproject.toml" in copied_before and f"{workdir}/raypost/__init__.py" in copied_before
+    (pin,) = set(re.findall(r'"(torch==[^"]+)"', (ROOT / "pyproject.toml").read_text()))
+    assert pin in steps[install][1]
+
+
+def test_dockerfile_replay_sees_a_missing_copy():
+    text = (CONFIGS / "Dockerfile").read_text().replace("COPY --chown=ray:users examples ./examples", "")
+    _, files, _ = dockerfile_image(text)
+    assert "/app/examples/grpo_tiny.yaml" not in files and "/app/pipelines/grpo.py" in files
 
 
 def test_readme_explains_every_shipped_file():

@@ -97,8 +97,27 @@ def _shipped_yamls() -> list[Path]:
 def test_every_example_yaml_loads(path):
     from raypost.config.registry import config_for_file
 
+    from raypost.config.base import load_yaml
+
     cfg = config_for_file(path)
-    assert cfg is not None
+    # every value the YAML sets reaches the validated config: nothing dropped, renamed or coerced
+    assert _holds(cfg.model_dump(mode="json"), load_yaml(path), path.name)
+
+
+def _holds(held: object, written: object, where: str) -> bool:
+    """The config value ``held`` carries what the YAML wrote: mappings and list items may add
+    defaults; an existing relative path comes back absolute (the config resolves it)."""
+    if isinstance(written, dict):
+        assert isinstance(held, dict), where
+        return all(_holds(held[k], v, f"{where}: {k}") for k, v in written.items())
+    if isinstance(written, (list, tuple)):
+        assert isinstance(held, list) and len(held) == len(written), where
+        return all(_holds(h, w, f"{where}[{i}]") for i, (h, w) in enumerate(zip(held, written)))
+    if isinstance(written, str) and held != written and Path(written).exists():
+        assert held == str(Path(written).resolve()), where
+        return True
+    assert held == written, f"{where}: the YAML says {written!r}, the config holds {held!r}"
+    return True
 
 
 def test_examples_exist():

@@ -157,6 +157,7 @@ def offline_run(ray_cluster, tmp_path_factory) -> Path:
     return storage / "kd"
 
 
+@pytest.mark.slow
 def test_offline_kd_end_to_end(offline_run, ray_cluster):
     report = json.loads((offline_run / "report.json").read_text())
     assert report["mode"] == "offline_kd" and set(report["heldout_accuracy"]) == {"teacher", "baseline", "student"}
@@ -175,6 +176,7 @@ def test_offline_kd_end_to_end(offline_run, ray_cluster):
     assert again["model_path"] == report["model_path"] and set(again["phase_s"].values()) == {0.0}
 
 
+@pytest.mark.slow
 def test_seq_kd_trains_on_the_teachers_answers(offline_run, ray_cluster, serve_url, tmp_path):
     # serve_url: Serve is started (HTTP on a free port) before the pipeline deploys into it, as
     # it is for the HTTP tests that share this cluster later.
@@ -217,6 +219,7 @@ def test_on_policy_reverse_kl_value_and_gradient_by_hand():
     assert logp.grad[0].tolist() == pytest.approx([-0.25, 0.5, 0.0])  # -A_t / 2
 
 
+@pytest.mark.slow
 def test_on_policy_distills_through_serve(offline_run, ray_cluster, serve_url, tmp_path):
     """The student samples on its replica (weights pushed every step), the teacher replica
     scores those tokens with its top-k, and the GKD divergence to the teacher goes down."""

@@ -52,8 +52,9 @@ def grpo_rows(run: Path) -> list[dict]:
     return [r for r in rows if r.get("phase") == "grpo"]
 
 
-@pytest.mark.timeout(1800)  # two jobs, plus training the reward model when this test runs first
-def test_grpo_job_submit_and_resubmit(head, tmp_path, trained_reward_model):
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # two jobs
+def test_grpo_job_submit_and_resubmit(head, tmp_path, untrained_reward_model):
     weights = Path(f"/dev/shm/raypost-test-{tmp_path.name}")
     args = ["--config", "examples/grpo_smoke.yaml", "--run.storage_path", str(tmp_path), "--run.name", "g",
             "--run.wandb_mode", "disabled", "--rollout.weights_dir", str(weights)]
@@ -67,9 +68,9 @@ def test_grpo_job_submit_and_resubmit(head, tmp_path, trained_reward_model):
 
     # Re-submitting with a longer budget resumes after step 2: the warm-up is not redone,
     # steps 3-5 are trained from new prompts and weight versions continue. The resumed run is
-    # async (eta 1) and adds the trained reward model to the verifier rewards.
-    rm = json.loads((trained_reward_model / "report.json").read_text())["model_path"]
-    out = submit(head, [*args, "--algo.steps", "5", "--async_rl.eta", "1", "--reward.model.path", rm,
+    # async (eta 1) and adds a reward model (MiniLM, untrained head) to the verifier rewards.
+    out = submit(head, [*args, "--algo.steps", "5", "--async_rl.eta", "1", "--reward.model.path",
+                        str(untrained_reward_model),
                         "--reward.model.weight", "0.5"])
     assert "sft step" not in out
     assert serve_apps(head) == set() and not (weights / "g").exists()
@@ -91,12 +92,14 @@ def test_grpo_job_submit_and_resubmit(head, tmp_path, trained_reward_model):
         expected = r["score_accuracy"] + 0.1 * r["score_format"] + 0.5 * r["score_rm"]
         assert abs(r["reward_mean"] - expected) < 1e-4, (r["reward_mean"], expected)
     assert "score_rm" not in grpo[0]
+    assert len({r["score_rm"] for r in grpo[2:]}) == 3, "the reward model scored every batch differently"
     trained = [json.loads(x) for x in (run / "trained_samples.jsonl").read_text().splitlines()]
     assert [t["step"] for t in trained] == [1, 2, 3, 4, 5] and all(len(t["ids"]) == 16 for t in trained)
     prompts = [p.split("#")[0] for t in trained for p in t["ids"]]
     assert len(set(prompts)) == 5 * 4, "each step draws new prompts; none is replayed after the resume"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_grpo_raises_heldout_accuracy(ray_cluster, tmp_path):
     """GRPO learns, measured as the issue asks: held-out greedy accuracy goes up.

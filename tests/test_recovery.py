@@ -16,6 +16,7 @@ from benchmarks.chaos import gcs_drill
 from raypost.train.checkpointing import log_trained, rewind_logs
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_reward_endpoint_answers_while_the_gcs_is_down():
     out = gcs_drill(outage_s=10.0)
@@ -25,6 +26,7 @@ def test_reward_endpoint_answers_while_the_gcs_is_down():
     assert out["cluster_schedules_after"], "the restarted GCS did not take new work"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_resubmit_wrapper_runs_the_same_command_until_it_succeeds(tmp_path):
     from raypost.utils.local_head import LocalHead

@@ -63,6 +63,7 @@ def test_pairs_built_from_answers():
     assert wrong_final("1 + 2 = 3\n#### 3", "3", random.Random(0)) != "1 + 2 = 3\n#### 3"
 
 
+@pytest.mark.slow
 def test_reward_model_learns_gsm8k_pairs(trained_reward_model):
     report = json.loads((trained_reward_model / "report.json").read_text())
     assert report["heldout_pairwise_accuracy"] >= 0.65, report["heldout_pairwise_accuracy"]  # 0.5 = chance
@@ -71,6 +72,7 @@ def test_reward_model_learns_gsm8k_pairs(trained_reward_model):
     assert rejects and all(r["reason"].startswith("too long: ") for r in rejects)  # named, not dropped silently
 
 
+@pytest.mark.slow
 def test_served_reward_model_ranks_like_offline(trained_reward_model, serve_url):
     """The exported checkpoint loads as is in the reward service; OpenRLHF /get_reward over HTTP
     ranks the held-out pairs exactly as the offline evaluation did."""

@@ -80,6 +80,7 @@ def prompts_for(model_path, k: int = 4) -> list[list[int]]:
     return [prompt_ids(tok, r["question"], None) for r in synthetic.generate(k, seed=11)]
 
 
+@pytest.mark.slow
 def test_push_then_parity_with_transformers(rollout):
     from raypost.serve.rollout_client import RolloutClient
 
@@ -105,6 +106,7 @@ def test_push_then_parity_with_transformers(rollout):
     assert [g["completions"][0]["token_ids"] for g in got2] == [ids for ids, _ in want2]
 
 
+@pytest.mark.slow
 def test_teacher_scoring_matches_transformers(rollout):
     """score(): per-token log-probs of given sequences and the top-k (on-policy distillation's teacher)."""
     from ray import serve
@@ -124,6 +126,7 @@ def test_teacher_scoring_matches_transformers(rollout):
         assert [row[0] for row in g["top_logprobs"]] == pytest.approx(g["logprobs"], abs=1e-5)
 
 
+@pytest.mark.slow
 def test_sampling_n_and_seed(rollout):
     from raypost.serve.rollout_client import RolloutClient
 
@@ -135,6 +138,7 @@ def test_sampling_n_and_seed(rollout):
     assert all(len(c["logprobs"]) == len(c["token_ids"]) and all(lp <= 0 for lp in c["logprobs"]) for c in a)
 
 
+@pytest.mark.slow
 def test_openai_completions_http(rollout):
     r = requests.post(f"{rollout['url']}/v1/completions", timeout=60,
                       json={"prompt": "Ava has 3 pens.", "max_tokens": 5, "temperature": 0.7, "n": 2, "user": "x"})
@@ -151,6 +155,7 @@ def test_openai_completions_http(rollout):
     assert long.status_code == 422 and "max_model_len 256" in long.text
 
 
+@pytest.mark.slow
 def test_replica_killed_while_requests_flow(rollout):
     """Two replicas; SIGKILL one mid-traffic. Every request is answered (retried elsewhere)
     and the replacement replica serves the latest pushed version."""

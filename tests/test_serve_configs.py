@@ -19,12 +19,22 @@ def test_serve_yaml_loads_and_builds(path):
 
     from ray.serve.schema import ServeDeploySchema
 
+    from ray import serve
+
+    from serve_apps.reward import config_from_args
+
     schema = ServeDeploySchema.model_validate(yaml.safe_load(path.read_text()))
     assert schema.http_options.host == "127.0.0.1"
     for app in schema.applications:
         module, _, attr = app.import_path.partition(":")
-        builder = getattr(importlib.import_module(module), attr)
-        assert builder(app.args or {}) is not None
+        built = getattr(importlib.import_module(module), attr)(app.args or {})
+        assert isinstance(built, serve.Application)
+        # the deployment is bound to the config the YAML's args describe, on Serve's port
+        cfg = config_from_args(app.args or {})
+        deployment = built._bound_deployment
+        assert deployment.init_args[0] == cfg.model_dump(mode="json")
+        assert deployment.ray_actor_options["num_cpus"] == cfg.cpus_per_replica
+        assert cfg.port == schema.http_options.port and cfg.host == schema.http_options.host
 
 
 def test_reward_cli_config():

@@ -43,6 +43,7 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("zero", [2, 3])
 def test_sft_zero_two_workers(ray_cluster, tmp_path, zero):
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
@@ -65,6 +66,7 @@ def test_sft_zero_two_workers(ray_cluster, tmp_path, zero):
         assert torch.allclose(exported[name], tensor.float(), atol=1e-6), name
 
 
+@pytest.mark.slow
 def test_resume_after_driver_kill(ray_cluster, tmp_path):
     """Kill the driver after a checkpoint; the same command resumes at the right step and
     data position: every step is trained once in the end, replayed steps see the same

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import ray.train
 import torch
-import torch.distributed as dist
 
 from raypost.algos.pairwise import bradley_terry_loss
 from raypost.config.reward_model import RewardModelConfig
@@ -60,10 +59,8 @@ def scores(engine: Any, rows: list[dict[str, Any]], pad_id: int) -> tuple[torch.
 
 
 def _all_mean(values: list[float], counts: float) -> list[float]:
-    t = torch.tensor([*(v * counts for v in values), counts], dtype=torch.float64)
-    if dist.is_initialized():
-        dist.all_reduce(t)
-    return [v / max(t[-1].item(), 1.0) for v in t[:-1].tolist()]
+    *sums, total = all_sum(*(v * counts for v in values), counts)
+    return [v / max(total, 1.0) for v in sums]
 
 
 def eval_accuracy(engine: Any, pad_id: int, rank: int, world: int, mb: int) -> float:
@@ -78,10 +75,8 @@ def eval_accuracy(engine: Any, pad_id: int, rank: int, world: int, mb: int) -> f
                 c, r = scores(engine, rows, pad_id)
                 right, seen = right + (c > r).sum().item(), seen + len(rows)
     engine.train()
-    t = torch.tensor([right, seen], dtype=torch.float64)
-    if dist.is_initialized():
-        dist.all_reduce(t)
-    return t[0].item() / max(t[1].item(), 1.0)
+    right, seen = all_sum(right, seen)
+    return right / max(seen, 1.0)
 
 
 def train_step(engine: Any, rows: list[dict[str, Any]], cfg: RewardModelConfig, pad_id: int) -> dict[str, float]:

@@ -1,24 +1,35 @@
-"""Worker side of the gradient-equivalence test (tests/test_learner_equivalence.py).
+"""Gradient equivalence of every learner: does one step give the gradient of the objective
+the loss documents, however the global batch is split over ranks and micro-batches?
 
-One Ray Train worker loop runs every learner's own step function (SFT, offline KD, GRPO and its
-variants, on-policy distillation, the reward model) once, on a DeepSpeed engine whose optimizer
-is plain SGD, from the same seeded weights. SGD makes the update a scaled copy of the gradient:
-``delta = -lr * grad``, so comparing updates compares gradients, at every ZeRO stage (ZeRO-2/3
-partition the gradients, the gathered weights do not). Rank 0 saves ``-delta / lr`` per case.
+Each learner's own step function (SFT, offline KD, GRPO and its variants, on-policy
+distillation, the reward model) runs once on real Ray Train workers, on a DeepSpeed engine whose
+optimizer is plain SGD, from the same seeded weights. SGD makes the update a scaled copy of the
+gradient, ``delta = -lr * grad``, so comparing updates compares gradients at every ZeRO stage
+(ZeRO-2/3 partition gradients; the gathered weights are whole). The reference layout is one
+rank with the whole batch in one micro-batch; the split one is 2 ranks x micro-batch 2 x
+accumulation 2, at ZeRO 0, 2 and 3. The batch's sequence lengths differ by up to 60x, so a loss
+normalized per micro-batch instead of over the global batch gives another gradient.
 
-The batches are fixed here; their sequence lengths differ by more than 10x, so a loss that is
-normalized per micro-batch instead of over the global batch gives a different gradient.
+    .venv/bin/python benchmarks/learner_equivalence.py [OUT_NAME.json]
+
+Prints ||g_split - g_ref|| / ||g_ref|| per learner and ZeRO stage, and writes
+benchmarks/out/learner_equivalence.json (or OUT_NAME.json). tests/test_learner_equivalence.py asserts < 1e-5.
 """
 
 from __future__ import annotations
 
+import json
 import random
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from raypost.data.tokenize import IGNORE_INDEX
+import torch  # noqa: E402
+
+from raypost.data.tokenize import IGNORE_INDEX  # noqa: E402
 
 GLOBAL_BATCH = 8
 LR = 1.0
@@ -191,8 +202,12 @@ def equivalence_loop(config: dict[str, Any]) -> None:
     import deepspeed
     import ray.train
 
+    import raypost
+
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    if rank == 0:  # which code the workers ran (the benchmark can be pointed at another checkout)
+        (Path(config["out_dir"]) / f"w{world}-raypost.txt").write_text(str(Path(raypost.__file__).parent))
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo")
     for zero in config["zeros"]:
@@ -200,3 +215,78 @@ def equivalence_loop(config: dict[str, Any]) -> None:
             grads = run_case(name, zero, config["micro"], config["model_path"], rank, world)
             if grads is not None:
                 torch.save(grads, Path(config["out_dir"]) / f"w{world}-z{zero}-{name}.pt")
+
+
+# -- driver side ------------------------------------------------------------------------------
+ZEROS = [0, 2, 3]
+
+
+def fit_layout(model_path: Path, out: Path, world: int, micro: int, zeros: list[int]) -> None:
+    """One Ray Train run of ``equivalence_loop`` over every case (needs a running Ray)."""
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    trainer = TorchTrainer(
+        equivalence_loop,
+        train_loop_config={"model_path": str(model_path), "out_dir": str(out), "zeros": zeros, "micro": micro,
+                           "cases": list(CASES)},
+        scaling_config=ray.train.ScalingConfig(num_workers=world, resources_per_worker={"CPU": 0.5}),
+        run_config=ray.train.RunConfig(name=f"equiv-w{world}", storage_path=str(out / "ray"),
+                                       failure_config=ray.train.FailureConfig(max_failures=0)),
+        torch_config=TorchConfig(backend="gloo"))
+    result = trainer.fit()
+    if result.error is not None:
+        raise result.error
+
+
+def run_layouts(model_path: Path, out: Path) -> None:
+    """The reference (1 rank, one micro-batch) and the split layout at every ZeRO stage."""
+    fit_layout(model_path, out, world=1, micro=GLOBAL_BATCH, zeros=[0])
+    fit_layout(model_path, out, world=2, micro=2, zeros=ZEROS)
+
+
+def relative_error(split: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> float:
+    """||g_split - g_ref|| / ||g_ref|| over every parameter both hold."""
+    keys = sorted(set(split) & set(ref))
+    if len(keys) < len(ref) - 1:  # ZeRO-3's consolidated dict may drop a tied lm_head
+        raise AssertionError(f"parameters missing: {sorted(set(ref) - set(split))}")
+    diff = torch.cat([(split[k] - ref[k]).flatten() for k in keys])
+    norm = torch.cat([ref[k].flatten() for k in keys]).norm()
+    if norm == 0:
+        raise AssertionError("the reference step changed no weight: the case trains nothing")
+    return float(diff.norm() / norm)
+
+
+def error(out: Path, case: str, zero: int) -> float:
+    return relative_error(torch.load(out / f"w2-z{zero}-{case}.pt"), torch.load(out / f"w1-z0-{case}.pt"))
+
+
+def main() -> None:
+    import ray
+
+    from benchmarks.common import model_for
+
+    temp = tempfile.mkdtemp(prefix="rpq", dir="/tmp")
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp, _node_ip_address="127.0.0.1",
+             log_to_driver=False)
+    try:
+        out = Path(tempfile.mkdtemp(prefix="equiv"))
+        run_layouts(model_for("tiny"), out)
+        table = {case: {f"zero{z}": error(out, case, z) for z in ZEROS} for case in CASES}
+        code = (out / "w2-raypost.txt").read_text()
+    finally:
+        ray.shutdown()
+    print(f"{'learner':<22}" + "".join(f"{'ZeRO-' + str(z):>11}" for z in ZEROS))
+    for case, row in table.items():
+        print(f"{case:<22}" + "".join(f"{v:>11.1e}" for v in row.values()))
+    print(f"workers ran raypost from {code}")
+    dest = Path(__file__).parent / "out" / (sys.argv[1] if len(sys.argv) > 1 else "learner_equivalence.json")
+    dest.parent.mkdir(exist_ok=True)
+    dest.write_text(json.dumps({"metric": "||g_split - g_ref|| / ||g_ref||", "global_batch": GLOBAL_BATCH,
+                                "split": "2 ranks x micro-batch 2 x accumulation 2", "raypost": code,
+                                "errors": table}, indent=1))
+    print(f"wrote {dest}")
+
+
+if __name__ == "__main__":
+    main()
