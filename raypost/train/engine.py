@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from typing import Any, Callable
 
 import torch
 
 from raypost.config import DeepSpeedConfig, ModelConfig, OptimConfig, ResourcesConfig
+
+log = logging.getLogger("raypost.learner")
 
 
 def deepspeed_config(ds: DeepSpeedConfig, optim: OptimConfig, world_size: int) -> dict[str, Any]:
@@ -130,11 +134,16 @@ def setup_learner(cfg: Any, model_path: str, optim: OptimConfig, total_steps: in
     from raypost.utils.logs import setup_logging
 
     setup_logging()
+    t0 = time.perf_counter()
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     set_threads(cfg.resources, ctx.get_local_world_size())
     torch.manual_seed(cfg.run.seed)
     tokenizer = load_tokenizer(model_path)
-    engine = build_engine(load(model_path, cfg.model, cfg.deepspeed.precision), optim, cfg.deepspeed,
-                          total_steps, world)
+    model = load(model_path, cfg.model, cfg.deepspeed.precision)
+    t1 = time.perf_counter()
+    engine = build_engine(model, optim, cfg.deepspeed, total_steps, world)
+    if rank == 0:
+        log.info("learner ready: model loaded in %.1fs, DeepSpeed engine (ZeRO-%d, %d ranks) in %.1fs",
+                 t1 - t0, cfg.deepspeed.zero_stage, world, time.perf_counter() - t1)
     return rank, world, tokenizer, engine

@@ -93,6 +93,8 @@ def sft_loop(config: dict[str, Any]) -> None:
     shard = ray.train.get_dataset_shard("train")
     window_tokens, window_t0, metrics = 0.0, time.time(), {}
     for index, batch in enumerate(shard.iter_batches(batch_size=global_batch, batch_format="numpy", drop_last=True)):
+        if index == 0 and rank == 0:
+            log.info("first batch after %.1fs of data start-up", time.time() - window_t0)
         if index < state.cursor:
             continue  # consumed before the last checkpoint
         if state.step >= total:
