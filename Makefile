@@ -33,9 +33,15 @@ redis:
 	@command -v redis-server >/dev/null || $(SUDO) apt-get install -y -q redis-server \
 	  || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q redis-server; }
 
-# The whole test suite (pyproject's addopts print the 15 slowest tests at the end).
+# The whole test suite (pyproject's addopts print the 15 slowest tests at the end), on
+# TEST_WORKERS pytest-xdist workers, each with its own Ray cluster. A module's tests stay on one
+# worker (they share module fixtures); conftest.py sends the modules with end-to-end runs first.
+# Much of an end-to-end test is waiting (process and replica start-up, polls), so two workers
+# overlap it on two cores. TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 test: setup redis
-	$(PY) -m pytest tests -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest tests -q -p no:cacheprovider $(XDIST) $(PYTEST_ARGS)
 
 # Everything but the end-to-end runs marked `slow` (pipelines, vLLM replicas, Tune, drills).
 test-fast: setup

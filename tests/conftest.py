@@ -3,11 +3,13 @@ ray.shutdown()), a tiny model built once, and helpers to run pipelines as subpro
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -36,6 +38,50 @@ def ray_cluster():
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
     shutil.rmtree(temp, ignore_errors=True)
+
+
+DURATIONS = Path(__file__).with_name("durations.json")  # seconds per test (>= 1 s) of a full run
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--record-durations", action="store_true",
+                     help=f"write each test's seconds (setup + call + teardown) to {DURATIONS.name}, which "
+                          "orders the work of `make test`'s workers")
+
+
+def _group(item: pytest.Item) -> str:
+    mark = item.get_closest_marker("xdist_group")
+    return mark.args[0] if mark and mark.args else item.module.__name__
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Scheduling for ``make test`` (pytest-xdist, ``--dist loadgroup``): a test runs with the rest
+    of its module (module-scoped fixtures such as a started head or a distillation run are built
+    once) unless it names its own ``xdist_group``, and the groups go out longest first, by the
+    seconds recorded in durations.json, so that the two workers finish close together. Stale or
+    missing figures only change the order."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(_group(item)))
+    known = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+    cost: Counter[str] = Counter()
+    for item in items:
+        cost[_group(item)] += known.get(item.nodeid, 0.0)
+    items.sort(key=lambda item: -cost[_group(item)])  # stable: collection order within a group
+
+
+_seconds: Counter[str] = Counter()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _seconds[report.nodeid.split("@")[0]] += report.duration  # xdist appends "@<group>" to ids
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if session.config.getoption("--record-durations") and not hasattr(session.config, "workerinput"):
+        DURATIONS.write_text(json.dumps({k: round(v, 1) for k, v in sorted(_seconds.items()) if v >= 1.0},
+                                        indent=1) + "\n")
 
 
 def free_port() -> int:

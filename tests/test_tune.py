@@ -73,6 +73,7 @@ def _trained_steps(trial: Path) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("tune-asha")  # the two sweeps share no fixture: they may run on both workers
 @pytest.mark.timeout(1500)
 def test_asha_sweep_restores_after_driver_kill_and_best_config_reproduces(ray_cluster, tmp_path):
     space = _space(tmp_path)
@@ -135,6 +136,7 @@ def _pbt_space(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("tune-pbt")
 @pytest.mark.timeout(1200)
 def test_pbt_exploit_restarts_from_the_better_trial_with_a_perturbed_lr(ray_cluster, tmp_path):
     cmd = [sys.executable, str(ROOT / "pipelines" / "tune.py"), "--pipeline", "sft", "--space",

@@ -99,9 +99,11 @@ class LocalHead:
         except (OSError, ValueError):
             return False
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM the head's process group (ray start --block stops its children), then SIGKILL;
-        a GCS started by ``restart_gcs`` is stopped the same way."""
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM the head's process group (ray start --block stops its children), then SIGKILL
+        after ``timeout`` seconds; a GCS started by ``restart_gcs`` is stopped the same way. The
+        grace is short: a GCS under load was seen to hang in its SIGTERM shutdown for over 30 s,
+        and what outlives a head (Redis tables, checkpoints) does not depend on a graceful exit."""
         for extra in self.extra_procs:
             _stop_group(extra, timeout)
         self.extra_procs.clear()
