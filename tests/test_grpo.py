@@ -100,6 +100,7 @@ def test_grpo_job_submit_and_resubmit(head, tmp_path, untrained_reward_model):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("grpo-learning")  # shares no fixture with the job test: may run beside it
 @pytest.mark.timeout(900)
 def test_grpo_raises_heldout_accuracy(ray_cluster, tmp_path):
     """GRPO learns, measured as the issue asks: held-out greedy accuracy goes up.
@@ -111,11 +112,13 @@ def test_grpo_raises_heldout_accuracy(ray_cluster, tmp_path):
     sign, weights that never reach the replicas or a stale reference all leave the gain at ~0."""
     args = ["--run.storage_path", str(tmp_path), "--run.name", "learn", "--run.wandb_mode", "disabled",
             "--run.checkpoint_every", "1000", "--data.synthetic.max_operand", "5", "--data.synthetic.num_train", "6000",
-            "--warmup.train.epochs", "1", "--algo.steps", "30",
+            "--warmup.train.epochs", "1", "--algo.steps", "30", "--optim.lr", "1e-4",
             "--rollout.weights_dir", f"/dev/shm/raypost-test-{tmp_path.name}"]
     run_pipeline("grpo.py", args, ray_cluster, timeout=840)
     shutil.rmtree(f"/dev/shm/raypost-test-{tmp_path.name}", ignore_errors=True)
     report = json.loads((tmp_path / "learn" / "report.json").read_text())
     before, after = report["heldout_accuracy_before"], report["heldout_accuracy_after"]
     assert report["heldout_n"] == 200
-    assert after >= before + 0.10, (before, after)  # measured: 0.085 -> 0.28 and 0.085 -> 0.29
+    # Measured from this warm-up (0.08), 30 steps: lr 1e-4 gave +0.15, +0.165, +0.21 (run.seed 0, 1, 2);
+    # the default lr 5e-5 is too slow for 30 steps (-0.015 in one run), 1.5e-4 gave +0.07 to +0.155.
+    assert after >= before + 0.10, (before, after)
