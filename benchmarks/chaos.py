@@ -61,7 +61,7 @@ from raypost.config.serve import RewardServiceConfig
 from raypost.serve.reward_app import build_app
 ray.init(address="{address}", log_to_driver=False)
 serve.start(http_options={{"host": "127.0.0.1", "port": {port}}})
-serve.run(build_app(RewardServiceConfig(cpus_per_replica=0.25)), name="reward", route_prefix="/")
+serve.run(build_app(RewardServiceConfig(cpus_per_replica=0.25)), name="{app}", route_prefix="{prefix}")
 """
 REQUEST = {"query": ["<user>What is 2 + 3?<assistant>2 + 3 = 5\n#### 5"], "prompts": ["<user>What is 2 + 3?"],
            "labels": ["5"]}
@@ -118,12 +118,12 @@ def wait_answering(url: str, timeout: float) -> float:
     raise TimeoutError(f"{url} did not answer within {timeout:.0f} s")
 
 
-def deploy_reward(head: LocalHead, port: int) -> str:
+def deploy_reward(head: LocalHead, port: int, app: str = "reward-detached", prefix: str = "/detached") -> str:
     """Deploy the reward service from a driver that then exits (the Serve app is detached)."""
-    code = DEPLOY.format(address=head.address, port=port)
+    code = DEPLOY.format(address=head.address, port=port, app=app, prefix=prefix)
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=head.env(), check=True, timeout=300,
                    capture_output=True)
-    url = f"http://127.0.0.1:{port}/get_reward"
+    url = f"http://127.0.0.1:{port}{prefix.rstrip('/')}/get_reward"
     wait_answering(url, 120)
     return url
 
@@ -299,9 +299,33 @@ def worker_drill(root: Path, eta: int) -> dict[str, Any]:
                        ["--run.max_failures", "1", "--run.checkpoint_every", "3"], 4, root, eta)
 
 
+RESTARTABLE = """
+import json, ray
+from raypost.utils.cluster import restartable_dead_actors
+ray.init(address="{address}", log_to_driver=False)
+print(json.dumps(restartable_dead_actors()))
+"""
+
+
+def _restartable_dead_actors(head: LocalHead) -> list[dict[str, Any]]:
+    """Actors the head's GCS keeps DEAD but restartable (what a GCS reloading from Redis aborts on)."""
+    proc = subprocess.run([sys.executable, "-c", RESTARTABLE.format(address=head.address)], cwd=ROOT,
+                          env=head.env(), capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _serve_recovered(head: LocalHead, app: str) -> bool:
+    """Whether the restarted Serve controller rebuilt ``app`` from its checkpoint in the GCS
+    store (its log says so), rather than someone deploying it again."""
+    logs = Path(head.temp_dir).glob("session_latest/logs/serve/controller_*.log")
+    needle = f"Recovering target state for application '{app}' from checkpoint"
+    return any(needle in log.read_text(errors="replace") for log in logs)
+
+
 def resubmit_drill(root: Path, eta: int, fresh_store: bool = False) -> dict[str, Any]:
     """Kill the whole head mid-run; restart it on the same Redis (or, ``fresh_store``, on an
-    empty one: the way back when the GCS cannot reload its state); the wrapper re-submits."""
+    empty one); the wrapper re-submits. On the same Redis, a reward app deployed before the job,
+    outside it, must answer again without being redeployed."""
     with LocalRedis() as redis, LocalRedis() as fresh:
         head = LocalHead(num_cpus=4, redis_address=redis.address, block=False).start()
         _auth_env(head)  # before Ray's job client is first imported: it reads the auth mode then
@@ -310,6 +334,9 @@ def resubmit_drill(root: Path, eta: int, fresh_store: bool = False) -> dict[str,
         from raypost.utils.resubmit import submit_until_done
 
         name = "head-restart-fresh-store" if fresh_store else "head-restart-resubmit"
+        # The job's own Serve apps go on the proxy's port 8000 (grpo_smoke's reward.port); the
+        # detached reward app was deployed first, so Serve keeps its own http options.
+        reward_url = deploy_reward(head, free_port())
         job = GRPOJob(head, root, name, 8, ["--run.checkpoint_every", "2", *eta_args(eta)])
         box: dict[str, Any] = {}
         wrapper = threading.Thread(target=lambda: box.update(out=submit_until_done(
@@ -317,12 +344,17 @@ def resubmit_drill(root: Path, eta: int, fresh_store: bool = False) -> dict[str,
         try:
             wrapper.start()
             job.wait_step(3)
+            restartable = _restartable_dead_actors(head)
             step_at_fault = max(r["step"] for r in job.steps_done())
             t_fault = time.time()
             head.crash()  # every process of the head at once: GCS, raylet, dashboard, the job's driver
             if fresh_store:
                 head.redis_address = fresh.address
             head.start()
+            detached = {}
+            if not fresh_store:
+                detached = {"detached_reward_back_s": round(wait_answering(reward_url, 300), 1),
+                            "detached_reward_from_checkpoint": _serve_recovered(head, "reward-detached")}
             wrapper.join(900)
             out = box["out"]
             logs = JobSubmissionClient(head.dashboard_url).get_job_logs(out.attempts[-1]["job_id"])
@@ -330,7 +362,7 @@ def resubmit_drill(root: Path, eta: int, fresh_store: bool = False) -> dict[str,
             head.stop()
     fault = "head restart (fresh GCS store) + resubmit" if fresh_store else "head restart + resubmit"
     row = {"fault": fault, "injected": 1, "survived": out.status == "SUCCEEDED",
-           "attempts": len(out.attempts)}
+           "attempts": len(out.attempts), "restartable_dead_actors_at_crash": restartable, **detached}
     return {**row, **job.audit(t_fault, step_at_fault, logs)}
 
 

@@ -45,6 +45,35 @@ def test_resubmit_wrapper_runs_the_same_command_until_it_succeeds(tmp_path):
     assert marker.read_text() == "xx"
 
 
+def test_data_phase_actors_are_never_restartable(ray_cluster, tiny_model, tmp_path):
+    """The data phase's Ray Data actors (the tokenizer pool) are created with max_restarts=0 and
+    end DEAD without a restart budget. Ray Data's default (-1) let a GRPO job leave its tokenizer
+    DEAD, out of scope and restartable, and the GCS reloading it from Redis after a head crash
+    aborted (docs/recovery.md; the `resubmit` drill)."""
+    import time
+
+    import ray
+
+    from raypost.config import DataConfig, ModelConfig
+    from raypost.phases.data import prepare
+    from raypost.utils.cluster import actor_table, restartable_dead_actors
+
+    job = ray.get_runtime_context().get_job_id()
+    _, data = prepare(DataConfig(synthetic={"num_train": 40, "num_eval": 8}), ModelConfig(path=str(tiny_model)),
+                      tmp_path)
+    assert data.counts["train"]["kept"] == 40  # the datasets stay referenced from here on
+
+    def pool() -> list[dict]:
+        return [a for a in actor_table(job) if "MapWorker" in a["class_name"]]
+
+    deadline = time.time() + 60  # the pool drops its actors as each pass ends; the GCS hears of it shortly
+    while time.time() < deadline and any(a["state"] != "DEAD" for a in pool()):
+        time.sleep(0.5)
+    assert len(pool()) == 2 and all(a["state"] == "DEAD" for a in pool()), "one tokenizer actor per split"
+    assert [a["max_restarts"] for a in pool()] == [0, 0]
+    assert restartable_dead_actors(job) == []
+
+
 def test_rewind_drops_what_the_restored_model_never_kept(tmp_path):
     for step in range(1, 6):
         log_trained(tmp_path, step, [f"s{step}a", f"s{step}b"])

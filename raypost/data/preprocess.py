@@ -10,6 +10,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import ray.data
 
@@ -58,9 +59,21 @@ def read_splits(cfg: DataConfig, schema: RowSchema | None = None) -> tuple[ray.d
     return (train.filter(lambda r: not is_eval(r)).materialize(), train.filter(is_eval).materialize())
 
 
+def actor_pool(size: int = 1) -> dict[str, Any]:
+    """``map_batches`` arguments for a pool of ``size`` actors that Ray never restarts.
+
+    Ray Data's pools default to ``max_restarts=-1`` and release their actors by dropping the
+    handle, so that the actors can be restarted to reconstruct lost blocks. The GCS then keeps each
+    one as DEAD (out of scope) but restartable for as long as the dataset's blocks are referenced,
+    and a GCS that reloads such an actor from Redis after a head crash aborts (docs/recovery.md).
+    A raypost pass is short and the run resumes from its checkpoints, so an actor that dies fails
+    the pass instead."""
+    return {"compute": ray.data.ActorPoolStrategy(size=size), "max_restarts": 0}
+
+
 def tokenize(ds: ray.data.Dataset, tokenizer_path: str, cfg: DataConfig) -> ray.data.Dataset:
     """Add prompt_ids/completion_ids; over-long rows become rejects."""
-    return ds.map_batches(Tokenize, batch_format="pandas", compute=ray.data.ActorPoolStrategy(size=1),
+    return ds.map_batches(Tokenize, batch_format="pandas", **actor_pool(),
                           fn_constructor_kwargs={"tokenizer_path": tokenizer_path,
                                                  "system_prompt": cfg.system_prompt,
                                                  "max_seq_len": cfg.max_seq_len}).materialize()

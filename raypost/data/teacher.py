@@ -17,6 +17,8 @@ import pandas as pd
 import ray.data
 import torch
 
+from raypost.data.preprocess import actor_pool
+
 
 class TeacherTopK:
     """Ray Data callable class: packed rows -> rows with the teacher's top-k per position."""
@@ -80,7 +82,7 @@ class TeacherSignal:
         with _ordered():
             annotated = rows.map_batches(
                 TeacherTopK, batch_format="pandas", batch_size=self.batch_size, num_cpus=self.cpus,
-                compute=ray.data.ActorPoolStrategy(size=1),
+                **actor_pool(),
                 fn_constructor_kwargs={"model_path": self.model_path, "top_k": self.top_k,
                                        "precision": self.precision,
                                        "threads": max(1, int(self.cpus))}).materialize()

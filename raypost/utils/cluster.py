@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Mapping
+from typing import Any, Mapping
 
 import ray
 
@@ -58,3 +58,35 @@ def check_resources(requests: Mapping[str, Mapping[str, float]]) -> None:
             detail = ", ".join(f"{label} {req.get(key, 0):g}" for label, req in requests.items() if req.get(key))
             raise ResourceError(f"placement needs {need:g} {key} ({detail}) but the cluster has "
                                 f"{have.get(key, 0.0):g}; lower those settings or add nodes")
+
+
+def actor_table(job_id: str | None = None) -> list[dict[str, Any]]:
+    """The GCS actor table (``ActorTableData``, which unlike the State API has ``max_restarts``),
+    optionally of one job (hex id): class, state, death reason, restart budget, and whether the
+    GCS would keep the actor for a restart (``restartable``)."""
+    from ray._private.state import state
+    from ray.core.generated import common_pb2, gcs_pb2
+
+    rows = []
+    for raw in state._connect_and_get_accessor().get_actor_table(None, None):
+        actor = gcs_pb2.ActorTableData.FromString(raw)
+        if job_id is not None and actor.job_id.hex() != job_id:
+            continue
+        reason = actor.death_cause.actor_died_error_context.reason
+        restarts = actor.num_restarts - actor.num_restarts_due_to_node_preemption
+        dead = actor.state == gcs_pb2.ActorTableData.DEAD
+        rows.append({"actor_id": actor.actor_id.hex(), "class_name": actor.class_name, "job_id": actor.job_id.hex(),
+                     "state": gcs_pb2.ActorTableData.ActorState.Name(actor.state),
+                     "death_reason": common_pb2.ActorDiedErrorContext.Reason.Name(reason) if dead else None,
+                     "max_restarts": actor.max_restarts, "num_restarts": actor.num_restarts,
+                     "restartable": dead and reason == common_pb2.ActorDiedErrorContext.OUT_OF_SCOPE
+                     and (actor.max_restarts == -1 or restarts < actor.max_restarts
+                          or (actor.max_restarts > 0 and actor.preempted))})
+    return rows
+
+
+def restartable_dead_actors(job_id: str | None = None) -> list[dict[str, Any]]:
+    """Actors the GCS keeps as DEAD (out of scope) but restartable: dropped by handle while
+    objects they made are still referenced, kept for lineage reconstruction. After a head crash a
+    GCS that reloads such an actor from Redis aborts (docs/recovery.md), so raypost leaves none."""
+    return [a for a in actor_table(job_id) if a["restartable"]]
