@@ -54,16 +54,18 @@ def _group(item: pytest.Item) -> str:
     return mark.args[0] if mark and mark.args else item.module.__name__
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_itemcollected(item: pytest.Item) -> None:
     """Scheduling for ``make test`` (pytest-xdist, ``--dist loadgroup``): a test runs with the rest
     of its module (module-scoped fixtures such as a started head or a distillation run are built
-    once) unless it names its own ``xdist_group``, and the groups go out longest first, by the
-    seconds recorded in durations.json, so that the two workers finish close together. Stale or
-    missing figures only change the order."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(_group(item)))
+    once) unless it names its own ``xdist_group``. Marked here, as each test is collected: xdist
+    reads the marks in its own ``pytest_collection_modifyitems``, which may run before ours."""
+    if item.get_closest_marker("xdist_group") is None:
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The groups go out longest first, by the seconds recorded in durations.json, so that the
+    two workers finish close together. Stale or missing figures only change the order."""
     known = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
     cost: Counter[str] = Counter()
     for item in items:
