@@ -85,6 +85,11 @@ def test_rewind_drops_what_the_restored_model_never_kept(tmp_path):
     kept = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["phase"]) for r in kept] == [(1, "grpo"), (2, "grpo"), (3, "grpo"), (9, "sft")]
     assert rewind_logs(tmp_path, 3, "grpo") == 0
+    # A worker group restarted before any checkpoint registered starts over at step 0: what the
+    # lost attempt logged goes (the worker drill once kept steps 1-4 twice).
+    assert rewind_logs(tmp_path, 0, "grpo") == 6  # steps 1-3 in both logs
+    assert (tmp_path / "trained_samples.jsonl").read_text() == ""
+    assert [json.loads(x)["phase"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == ["sft"]
 
 
 def test_rollout_policy_follows_the_pin_else_queue_depth(ray_cluster):

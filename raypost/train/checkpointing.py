@@ -74,10 +74,11 @@ def log_trained(run_dir: str | Path, step: int, sample_ids: list[str]) -> None:
 
 
 def rewind_logs(run_dir: str | Path, step: int, phase: str) -> int:
-    """After a restore at ``step``, drop the lines of later steps from ``trained_samples.jsonl``
-    and (for ``phase``) ``metrics.jsonl``: they were trained after the checkpoint by a model state
-    that the failure discarded, and are trained again. The logs then say what the surviving
-    model learned from, each sample once. Returns how many lines were dropped."""
+    """After a restore at ``step`` (0: no checkpoint, the run starts over), drop the lines of later
+    steps from ``trained_samples.jsonl`` and (for ``phase``) ``metrics.jsonl``: they were trained
+    after the checkpoint by a model state that the failure discarded, and are trained again. The
+    logs then say what the surviving model learned from, each sample once. Returns how many lines
+    were dropped."""
     dropped = 0
     for name, stale in ((SAMPLES_FILE, lambda r: r["step"] > step),
                         ("metrics.jsonl", lambda r: r.get("phase") == phase and r["step"] > step)):

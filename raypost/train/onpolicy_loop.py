@@ -129,9 +129,11 @@ def onpolicy_loop(config: dict[str, Any]) -> None:
     optim = d.on_policy_optim.model_copy(update={"grad_accum": config["grad_accum"]})
     rank, world, tok, engine = setup_learner(cfg, config["model_path"], optim, d.on_policy_steps)
     state = checkpointing.restore(engine)
-    if rank == 0 and state.step:
-        checkpointing.rewind_logs(config["run_dir"], state.step, "on_policy")
-        log.info("resumed at step %d (cursor %d, weight version %d)", state.step, state.cursor, state.weight_version)
+    if rank == 0:  # also at step 0: a group restarted before any checkpoint registered starts over
+        dropped = checkpointing.rewind_logs(config["run_dir"], state.step, "on_policy")
+        if state.step or dropped:
+            log.info("resumed at step %d (cursor %d, weight version %d); %d log lines after it rewound",
+                     state.step, state.cursor, state.weight_version, dropped)
     ctx = _controller(cfg, state, config) if rank == 0 else None
     zero, weights_dir = cfg.deepspeed.zero_stage, config["weights_dir"]
     push_weights(engine, zero, state.weight_version, weights_dir, rank)
