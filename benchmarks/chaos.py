@@ -17,12 +17,15 @@ Drills:
   worker    a GRPO job with run.max_failures 1; a Ray Train worker is SIGKILLed between two
             checkpoints. The worker group restarts from the checkpoint (step, data cursor,
             weight version) and the logs are rewound to it.
-  resubmit  a GRPO job on a head with GCS fault tolerance; the whole head is killed mid-run and
-            started again, and raypost.utils.resubmit re-submits the same command until it
-            succeeds. It resumes from the latest checkpoint.
-  resubmit-fresh  the same, but the head comes back on an empty Redis: the way back when the GCS
-            cannot reload its state (Ray 2.60 aborts reloading a running job's actors); the
-            re-submitted job redeploys its Serve apps and resumes from its checkpoint on storage.
+  resubmit  a GRPO job on a head with GCS fault tolerance, beside a detached reward app deployed
+            before it; the whole head is killed mid-run and started again on the same Redis, and
+            raypost.utils.resubmit re-submits the same command until it succeeds. It resumes from
+            the latest checkpoint. The row lists the actors the GCS held DEAD but restartable
+            just before the crash (a reloading GCS aborts on them; docs/recovery.md) and whether
+            the detached app answered again, rebuilt by Serve from its checkpoint.
+  resubmit-fresh  the same, but the head comes back on an empty Redis, as after losing the GCS
+            store: the re-submitted job redeploys its Serve apps and resumes from its checkpoint
+            on storage.
   scale     a GRPO job with rollout autoscaling (1..2); `python -m raypost.serve.scaling
             --replicas 2`, then `--replicas 1`, while it trains.
 For the GRPO drills, a row reports steps lost (trained, then discarded by the restore), samples
