@@ -69,7 +69,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     known = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
     cost: Counter[str] = Counter()
     for item in items:
-        cost[_group(item)] += known.get(item.nodeid, 0.0)
+        cost[_group(item)] += known.get(item.nodeid.split("@")[0], 0.0)  # xdist may have added "@<group>"
     items.sort(key=lambda item: -cost[_group(item)])  # stable: collection order within a group
 
 
