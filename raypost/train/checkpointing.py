@@ -7,12 +7,15 @@ Ray Train keeps them under ``RunConfig(storage_path, name)`` and hands the lates
 from __future__ import annotations
 
 import json
+import logging
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import ray.train
+
+log = logging.getLogger("raypost")
 
 DS_TAG = "ds"
 STATE_FILE = "controller_state.json"
@@ -91,6 +94,15 @@ def rewind_logs(run_dir: str | Path, step: int, phase: str) -> int:
             path.write_text("".join(f"{x}\n" for x in keep))
             dropped += len(lines) - len(keep)
     return dropped
+
+
+def rewind_on_start(run_dir: str | Path, state: ControllerState, phase: str) -> None:
+    """Rank 0 at every learner start: rewind the logs to the restored step, step 0 included (a
+    worker group restarted before any checkpoint registered starts over), and say so."""
+    dropped = rewind_logs(run_dir, state.step, phase)
+    if state.step or dropped:
+        log.info("resumed at step %d (cursor %d, weight version %d); %d log lines after it rewound",
+                 state.step, state.cursor, state.weight_version, dropped)
 
 
 def finished_checkpoint(run_dir: str | Path) -> Path | None:

@@ -118,11 +118,8 @@ def grpo_loop(config: dict[str, Any]) -> None:
     rank, world, tok, engine = setup_learner(cfg, config["model_path"], optim, cfg.algo.steps)
     ref = load_causal_lm(config["model_path"]).eval() if cfg.algo.beta > 0 else None
     state = checkpointing.restore(engine)
-    if rank == 0:  # also at step 0: a group restarted before any checkpoint registered starts over
-        dropped = checkpointing.rewind_logs(config["run_dir"], state.step, "grpo")
-        if state.step or dropped:
-            log.info("resumed at step %d (cursor %d, weight version %d); %d log lines after it rewound",
-                     state.step, state.cursor, state.weight_version, dropped)
+    if rank == 0:
+        checkpointing.rewind_on_start(config["run_dir"], state, "grpo")
     zero, weights_dir = cfg.deepspeed.zero_stage, config["weights_dir"]
     push_weights(engine, zero, state.weight_version, weights_dir, rank)  # replicas serve the restored weights
     producer = _start_producer(cfg, state, config) if rank == 0 else None

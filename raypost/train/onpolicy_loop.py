@@ -129,11 +129,8 @@ def onpolicy_loop(config: dict[str, Any]) -> None:
     optim = d.on_policy_optim.model_copy(update={"grad_accum": config["grad_accum"]})
     rank, world, tok, engine = setup_learner(cfg, config["model_path"], optim, d.on_policy_steps)
     state = checkpointing.restore(engine)
-    if rank == 0:  # also at step 0: a group restarted before any checkpoint registered starts over
-        dropped = checkpointing.rewind_logs(config["run_dir"], state.step, "on_policy")
-        if state.step or dropped:
-            log.info("resumed at step %d (cursor %d, weight version %d); %d log lines after it rewound",
-                     state.step, state.cursor, state.weight_version, dropped)
+    if rank == 0:
+        checkpointing.rewind_on_start(config["run_dir"], state, "on_policy")
     ctx = _controller(cfg, state, config) if rank == 0 else None
     zero, weights_dir = cfg.deepspeed.zero_stage, config["weights_dir"]
     push_weights(engine, zero, state.weight_version, weights_dir, rank)

@@ -83,11 +83,8 @@ def sft_loop(config: dict[str, Any]) -> None:
     state = checkpointing.restore(engine, config.get("start_from"))
     set_hyperparams(engine, cfg.optim)
     stop_at = min(total, int(config.get("stop_at") or total))
-    if rank == 0:  # also at step 0: a group restarted before any checkpoint registered starts over
-        dropped = checkpointing.rewind_logs(config["run_dir"], state.step, "sft")
-        if state.step or dropped:
-            log.info("resumed at step %d (cursor %d); %d log lines after it rewound", state.step, state.cursor,
-                     dropped)
+    if rank == 0:
+        checkpointing.rewind_on_start(config["run_dir"], state, "sft")
     logger = MetricsLogger(config["run_dir"], rank == 0, cfg.run.wandb_mode, run_name=cfg.run.name,
                            config=config["cfg"])
     progress = Progress(total, state.step, "sft")
