@@ -102,8 +102,25 @@ def serve_url(ray_cluster):
 
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
+    if not _listening(port):
+        # serve.start is a no-op once Serve runs: a test before this one started it elsewhere.
+        raise RuntimeError(f"Serve's proxy is not on port {port}: an earlier test on this worker started Serve "
+                           "with other http_options; request the serve_url fixture there and pass its port")
     yield f"http://127.0.0.1:{port}"
     serve.shutdown()
+
+
+def _listening(port: int, timeout: float = 30.0) -> bool:
+    import socket
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return True
+        time.sleep(0.5)
+    return False
 
 
 @pytest.fixture(scope="session")

@@ -185,14 +185,14 @@ def test_seq_kd_trains_on_the_teachers_answers(offline_run, ray_cluster, serve_u
 
     teacher = json.loads((offline_run / "report.json").read_text())["teacher_path"]
     run_pipeline("distill.py", distill_args(tmp_path, "seq", "--teacher.path", teacher, "--distill.mode", "seq_kd",
-                                            "--distill.baseline", "false", "--distill.seq_kd_max_prompts", "48",
-                                            "--distill.seq_kd_keep", "all",
+                                            "--distill.baseline", "false", "--distill.seq_kd_max_prompts", "32",
+                                            "--distill.seq_kd_keep", "all", "--train.max_steps", "8",
                                             "--distill.max_new_tokens", "64", "--rollout.cpus_per_replica", "1"),
                  ray_cluster)
     lines = (tmp_path / "seq" / "student" / "teacher_completions.jsonl").read_text().splitlines()
     counts, rows = json.loads(lines[0]), [json.loads(x) for x in lines[1:]]
-    assert counts["prompts"] == 48 and counts["kept"] == len(rows) > 0
-    assert counts["kept"] + counts["unfinished"] + counts["too_long"] == 48
+    assert counts["prompts"] == 32 and counts["kept"] == len(rows) > 0
+    assert counts["kept"] + counts["unfinished"] + counts["too_long"] == 32
     # The student's targets are the teacher's own greedy answers (vLLM on Serve = transformers).
     tok, model = load_tokenizer(teacher), load_causal_lm(teacher)
     sample = rows[:8]

@@ -102,7 +102,7 @@ def test_grpo_job_submit_and_resubmit(head, tmp_path, untrained_reward_model):
 @pytest.mark.slow
 @pytest.mark.xdist_group("grpo-learning")  # shares no fixture with the job test: may run beside it
 @pytest.mark.timeout(900)
-def test_grpo_raises_heldout_accuracy(ray_cluster, tmp_path):
+def test_grpo_raises_heldout_accuracy(ray_cluster, serve_url, tmp_path):
     """GRPO learns, measured as the issue asks: held-out greedy accuracy goes up.
 
     The embedded task as the default builds it (half the SFT demos are a weak teacher's wrong
@@ -113,7 +113,9 @@ def test_grpo_raises_heldout_accuracy(ray_cluster, tmp_path):
     args = ["--run.storage_path", str(tmp_path), "--run.name", "learn", "--run.wandb_mode", "disabled",
             "--run.checkpoint_every", "1000", "--data.synthetic.max_operand", "5", "--data.synthetic.num_train", "6000",
             "--warmup.train.epochs", "1", "--algo.steps", "30", "--optim.lr", "1e-4",
-            "--rollout.weights_dir", f"/dev/shm/raypost-test-{tmp_path.name}"]
+            "--rollout.weights_dir", f"/dev/shm/raypost-test-{tmp_path.name}",
+            # Serve is already up on this worker's cluster (serve_url); a different port would be ignored
+            "--reward.port", serve_url.rsplit(":", 1)[1]]
     run_pipeline("grpo.py", args, ray_cluster, timeout=840)
     shutil.rmtree(f"/dev/shm/raypost-test-{tmp_path.name}", ignore_errors=True)
     report = json.loads((tmp_path / "learn" / "report.json").read_text())

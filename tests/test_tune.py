@@ -19,6 +19,9 @@ from tests.conftest import ROOT, TINY, run_pipeline
 
 GOOD_LR, BAD_LR, LAST_LR = 3e-3, 1e-6, 2e-3
 STEPS, EVERY = 16, 4
+# PBT: three reports (steps 4, 8, 12), so the worse trial exploits at step 4 or, when the other
+# trial had not reported yet, at step 8; each exploit restarts a worker group.
+PBT_STEPS = 12
 
 
 def _space(tmp_path: Path) -> Path:
@@ -126,7 +129,7 @@ def _pbt_space(tmp_path: Path) -> Path:
         "base": {"model": {"tiny": TINY}, "data": {"synthetic": {"num_train": 400, "num_eval": 40}},
                  "resources": {"num_workers": 1, "cpus_per_worker": 0.5, "torch_threads": 1},
                  "optim": {"scheduler": "constant", "warmup_ratio": 0.0},
-                 "train": {"max_steps": STEPS, "eval_every": EVERY},
+                 "train": {"max_steps": PBT_STEPS, "eval_every": EVERY},
                  "run": {"checkpoint_every": EVERY, "keep_checkpoints": 1, "wandb_mode": "disabled", "log_every": 4}},
         "params": {"optim.lr": {"grid": [GOOD_LR, BAD_LR]}},
     }
@@ -153,7 +156,7 @@ def test_pbt_exploit_restarts_from_the_better_trial_with_a_perturbed_lr(ray_clus
                 if seg["start_from"] and f"/trials/{trial}/" not in seg["start_from"]]
     assert exploits, lineage
     trial, seg = exploits[0]
-    assert 0 < seg["step"] < STEPS and seg["step"] % EVERY == 0
+    assert 0 < seg["step"] < PBT_STEPS and seg["step"] % EVERY == 0
     assert seg["lr"] in (pytest.approx(GOOD_LR * 0.8), pytest.approx(GOOD_LR * 1.2)), seg
     # Its next segment continued the donor's run at the next step, and trained with its own lr
     # (constant schedule: the logged lr is the base lr), not the lr stored in the donor's checkpoint.
