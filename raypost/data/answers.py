@@ -1,4 +1,5 @@
-"""Answer parsing shared by data loading, rewards and evaluation (GSM8K ``#### n`` format)."""
+"""Answer parsing shared by data loading, rewards and evaluation: GSM8K's ``#### n`` format, and
+the ways pretrained models write a final answer (``extract_answer``)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,42 @@ def final_answer(solution: str) -> str | None:
     """The answer after the last ``####`` in a GSM8K-style solution, normalized; else None."""
     segment = final_segment(solution)
     return None if segment is None else normalize_number(segment)
+
+
+_ANSWER_IS = re.compile(r"answer\s*(?:is|:|=)\s*:?\s*\$?\s*(-?\d[\d,]*(?:\.\d+)?)", re.IGNORECASE)
+EXTRACTIONS = ("strict", "flexible")
+
+
+def boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` (nested braces kept); else None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i + 1:j].strip()
+    return None  # unclosed
+
+
+def extract_answer(completion: str, how: str = "strict") -> str | None:
+    """The final answer a completion gives, as raw text (compare it with ``canonical_answer``).
+
+    ``strict``: only a ``#### n`` line counts (GSM8K's format, what the SFT demos teach).
+    ``flexible``: as pretrained models write answers, first match wins: ``#### n``, then the
+    last ``\\boxed{...}``, then the last "the answer is n" / "Answer: n", then the last number
+    in the text."""
+    if how not in EXTRACTIONS:
+        raise ValueError(f"unknown answer extraction {how!r}: use one of {EXTRACTIONS}")
+    segment = final_segment(completion)
+    if segment is not None or how == "strict":
+        return segment
+    for found in (boxed(completion), *(m.group(1) for m in list(_ANSWER_IS.finditer(completion))[-1:])):
+        if found:
+            return found
+    numbers = _NUMBER.findall(completion)
+    return numbers[-1] if numbers else None
 
 
 def canonical_answer(answer: str) -> str:

@@ -108,7 +108,9 @@ class TokenizePairs:
     def __init__(self, tokenizer_path: str, max_seq_len: int) -> None:
         from transformers import AutoTokenizer
 
-        self.tok = AutoTokenizer.from_pretrained(tokenizer_path)
+        from raypost.models.named import resolve
+
+        self.tok = AutoTokenizer.from_pretrained(resolve(tokenizer_path))
         self.max_seq_len = max_seq_len
 
     def _encode(self, prompts: list[str], responses: list[str]) -> tuple[list[list[int]], list[list[int]]]:

@@ -76,6 +76,7 @@ def tokenize(ds: ray.data.Dataset, tokenizer_path: str, cfg: DataConfig) -> ray.
     return ds.map_batches(Tokenize, batch_format="pandas", **actor_pool(),
                           fn_constructor_kwargs={"tokenizer_path": tokenizer_path,
                                                  "system_prompt": cfg.system_prompt,
+                                                 "prompt_template": cfg.prompt_template,
                                                  "max_seq_len": cfg.max_seq_len}).materialize()
 
 

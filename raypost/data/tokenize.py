@@ -15,14 +15,16 @@ import pandas as pd
 IGNORE_INDEX = -100
 
 
-def chat_messages(question: str, system_prompt: str | None) -> list[dict[str, str]]:
+def chat_messages(question: str, system_prompt: str | None, template: str = "{question}") -> list[dict[str, str]]:
+    """The system message (if any) and the user turn: ``template`` with ``{question}`` replaced
+    (plain replacement, so braces elsewhere, e.g. LaTeX, stay as written)."""
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    return messages + [{"role": "user", "content": question}]
+    return messages + [{"role": "user", "content": template.replace("{question}", question)}]
 
 
-def prompt_ids(tokenizer: Any, question: str, system_prompt: str | None) -> list[int]:
+def prompt_ids(tokenizer: Any, question: str, system_prompt: str | None, template: str = "{question}") -> list[int]:
     """Token ids of the chat-templated prompt, ending with the assistant header."""
-    text = tokenizer.apply_chat_template(chat_messages(question, system_prompt), tokenize=False,
+    text = tokenizer.apply_chat_template(chat_messages(question, system_prompt, template), tokenize=False,
                                          add_generation_prompt=True)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -44,13 +46,16 @@ class Tokenize:
     lengths and the config field to raise); nothing is dropped here.
     """
 
-    def __init__(self, tokenizer_path: str, system_prompt: str | None, max_seq_len: int) -> None:
+    def __init__(self, tokenizer_path: str, system_prompt: str | None, max_seq_len: int,
+                 prompt_template: str = "{question}") -> None:
         from transformers import AutoTokenizer
 
-        self.tok = AutoTokenizer.from_pretrained(tokenizer_path)
+        from raypost.models.named import resolve
+
+        self.tok = AutoTokenizer.from_pretrained(resolve(tokenizer_path))
         if self.tok.eos_token_id is None:
             raise ValueError(f"tokenizer at {tokenizer_path} has no eos_token; set one before training")
-        self.system_prompt = system_prompt
+        self.system_prompt, self.prompt_template = system_prompt, prompt_template
         self.max_seq_len = max_seq_len
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
@@ -59,7 +64,7 @@ class Tokenize:
             if rej:
                 prompts.append([]), completions.append([]), rejects.append(rej)
                 continue
-            p = prompt_ids(self.tok, question, self.system_prompt)
+            p = prompt_ids(self.tok, question, self.system_prompt, self.prompt_template)
             c = completion_ids(self.tok, solution)
             if len(p) + len(c) > self.max_seq_len:
                 rejects.append(f"too long: {len(p)} prompt + {len(c)} answer tokens > data.max_seq_len="

@@ -30,7 +30,7 @@ def greedy_completions(model: Any, prompts: Sequence[Sequence[int]], pad_id: int
 
 
 def accuracy(model_path: str, rows: Sequence[dict[str, Any]], max_new_tokens: int, batch_size: int,
-             keep_samples: int = 5) -> dict[str, Any]:
+             keep_samples: int = 5, extract: str = "strict") -> dict[str, Any]:
     """Exact-match accuracy of greedy answers on ``rows`` (each: prompt_ids, answer)."""
     from raypost.models.hf import load_causal_lm, load_tokenizer
 
@@ -40,25 +40,25 @@ def accuracy(model_path: str, rows: Sequence[dict[str, Any]], max_new_tokens: in
     comps = greedy_completions(model, [r["prompt_ids"] for r in rows], tok.pad_token_id, tok.eos_token_id,
                                max_new_tokens, batch_size)
     texts = tok.batch_decode(comps, skip_special_tokens=True)
-    hits = [answers_match(t, r["answer"]) for t, r in zip(texts, rows)]
+    hits = [answers_match(t, r["answer"], extract) for t, r in zip(texts, rows)]
     samples = [{"answer": r["answer"], "completion": t, "correct": h}
                for r, t, h in list(zip(rows, texts, hits))[:keep_samples]]
     return {"accuracy": sum(hits) / max(1, len(hits)), "n": len(hits), "samples": samples}
 
 
 def remote_accuracy(model_path: str, rows: Sequence[dict[str, Any]], max_new_tokens: int, batch_size: int,
-                    num_cpus: float = 1.0) -> dict[str, Any]:
+                    num_cpus: float = 1.0, extract: str = "strict") -> dict[str, Any]:
     """``accuracy`` as a Ray task, so the driver stays thin and the cluster places it."""
     task = ray.remote(num_cpus=num_cpus)(accuracy)
-    return ray.get(task.remote(model_path, list(rows), max_new_tokens, batch_size))
+    return ray.get(task.remote(model_path, list(rows), max_new_tokens, batch_size, extract=extract))
 
 
 def rollout_accuracy(client: Any, rows: Sequence[dict[str, Any]], max_new_tokens: int,
-                     keep_samples: int = 5) -> dict[str, Any]:
+                     keep_samples: int = 5, extract: str = "strict") -> dict[str, Any]:
     """Greedy exact-match accuracy through the rollout replicas (vLLM), at their current weights."""
     outs = client.generate([r["prompt_ids"] for r in rows], 1, {"temperature": 0.0, "max_tokens": max_new_tokens})
     texts = [o["completions"][0]["text"] for o in outs]
-    hits = [answers_match(t, r["answer"]) for t, r in zip(texts, rows)]
+    hits = [answers_match(t, r["answer"], extract) for t, r in zip(texts, rows)]
     return {"accuracy": sum(hits) / max(1, len(hits)), "n": len(hits), "weight_version": outs[0]["version"],
             "samples": [{"answer": r["answer"], "completion": t, "correct": h}
                         for r, t, h in list(zip(rows, texts, hits))[:keep_samples]]}

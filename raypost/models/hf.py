@@ -1,4 +1,5 @@
-"""Load any HF causal LM / tokenizer by id or path, and export checkpoints in HF format."""
+"""Load any HF causal LM / tokenizer by id, path or raypost name (models.named), and export
+checkpoints in HF format."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from typing import Any
 
 import torch
 
+from raypost.models.named import resolve
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -14,7 +17,7 @@ def load_tokenizer(path: str | Path) -> Any:
     """AutoTokenizer with a pad token (falls back to EOS, as TRL does)."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(path))
+    tok = AutoTokenizer.from_pretrained(resolve(path))
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -24,14 +27,14 @@ def load_causal_lm(path: str | Path, precision: str = "fp32") -> Any:
     """AutoModelForCausalLM in the given precision, SDPA attention."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[precision], attn_implementation="sdpa")
+    return AutoModelForCausalLM.from_pretrained(resolve(path), dtype=DTYPES[precision], attn_implementation="sdpa")
 
 
 def load_sequence_classifier(path: str | Path, precision: str = "fp32") -> Any:
     """AutoModelForSequenceClassification with one output (a reward model's score head)."""
     from transformers import AutoModelForSequenceClassification
 
-    model = AutoModelForSequenceClassification.from_pretrained(str(path), num_labels=1, dtype=DTYPES[precision])
+    model = AutoModelForSequenceClassification.from_pretrained(resolve(path), num_labels=1, dtype=DTYPES[precision])
     tok = load_tokenizer(path)
     model.config.pad_token_id = tok.pad_token_id
     return model

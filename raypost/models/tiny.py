@@ -48,10 +48,12 @@ def build_tiny_model(cfg: TinyModelConfig, texts: Iterable[str], out_dir: str | 
     import torch
     from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
+    from raypost.models.named import resolve
+
     out = Path(out_dir)
     if (out / "config.json").is_file() and (out / "tokenizer.json").is_file():
         return out
-    tokenizer = (AutoTokenizer.from_pretrained(str(tokenizer_path)) if tokenizer_path is not None
+    tokenizer = (AutoTokenizer.from_pretrained(resolve(str(tokenizer_path))) if tokenizer_path is not None
                  else train_tokenizer(texts, cfg.vocab_size))
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,

@@ -11,6 +11,7 @@ import ray.data
 
 from raypost.config import DataConfig, ModelConfig
 from raypost.data import preprocess
+from raypost.models import named
 
 log = logging.getLogger("raypost")
 
@@ -45,8 +46,12 @@ def start_run(cfg: Any) -> Path:
 
 
 def base_model(cfg: ModelConfig, train_rows: ray.data.Dataset, out_dir: Path) -> str:
-    """``cfg.path`` as given, or the tiny model built from the training text (cached in out_dir)."""
+    """``cfg.path`` as given, or the tiny model built from the training text (cached in out_dir).
+    A raypost name stays a name (each node resolves it into its own cache); it is converted here
+    first, once, so that the tokenizer actors and learners of this node find it ready."""
     if cfg.path is not None:
+        if named.is_named(cfg.path):
+            log.info("%s: %s at %s", cfg.path, named.NAMED[cfg.path].note, named.resolve(cfg.path))
         return cfg.path
     from raypost.models.tiny import build_tiny_model
 

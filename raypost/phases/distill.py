@@ -20,6 +20,7 @@ from raypost.algos.registry import Registry
 from raypost.config import ModelConfig, SFTConfig
 from raypost.config.distill import DistillConfig
 from raypost.data.teacher import TeacherSignal
+from raypost.models.named import resolve
 from raypost.phases.data import PreparedData
 from raypost.phases.sft import SFTResult, run_sft
 
@@ -113,7 +114,7 @@ def num_params(model_path: str) -> int:
     from safetensors import safe_open
 
     total = 0
-    for f in Path(model_path).glob("*.safetensors"):
+    for f in Path(resolve(model_path)).glob("*.safetensors"):
         with safe_open(str(f), "pt") as fh:
             for key in fh.keys():
                 n = 1
@@ -184,5 +185,5 @@ def evaluate(cfg: DistillConfig, model_path: str, data: PreparedData) -> dict[st
 
     t0 = time.time()
     out = remote_accuracy(model_path, data.eval_rows(cfg.data.max_eval_samples), cfg.eval.max_new_tokens,
-                          cfg.eval.batch_size)
+                          cfg.eval.batch_size, extract=cfg.eval.extract)
     return {**out, "params": num_params(model_path), "eval_s": time.time() - t0}

@@ -110,7 +110,8 @@ def evaluate(cfg: GRPOConfig, data: PreparedData, version: int | None = None) ->
     client = RolloutClient("rollout", weights_dir_for(cfg), cfg.rollout.max_attempts, chunk=16)
     if version is not None:
         asyncio.run(client.await_version(version))
-    return rollout_accuracy(client, data.eval_rows(cfg.data.max_eval_samples), cfg.eval.max_new_tokens)
+    return rollout_accuracy(client, data.eval_rows(cfg.data.max_eval_samples), cfg.eval.max_new_tokens,
+                            extract=cfg.eval.extract)
 
 
 def reset_weights(cfg: GRPOConfig) -> None:

@@ -72,4 +72,4 @@ def run_sft(cfg: SFTConfig, model_path: str, data: PreparedData, run_dir: Path,
 
 def evaluate(cfg: SFTConfig, model_path: str, data: PreparedData) -> dict[str, Any]:
     rows = data.eval_rows(cfg.data.max_eval_samples)
-    return remote_accuracy(model_path, rows, cfg.eval.max_new_tokens, cfg.eval.batch_size)
+    return remote_accuracy(model_path, rows, cfg.eval.max_new_tokens, cfg.eval.batch_size, extract=cfg.eval.extract)

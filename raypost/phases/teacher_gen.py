@@ -54,7 +54,8 @@ def _generate(cfg: DistillConfig, teacher_path: str, prompts: list[list[int]],
         serve.delete(APP)
 
 
-def _rows(good: list[dict[str, Any]], outs: list[dict], eos_id: int, max_seq_len: int) -> tuple[list[dict], dict]:
+def _rows(good: list[dict[str, Any]], outs: list[dict], eos_id: int, max_seq_len: int,
+          extract: str = "strict") -> tuple[list[dict], dict]:
     """Training rows whose completion is the teacher's (finished answers that fit only)."""
     from raypost.rewards.verifiers import answers_match
 
@@ -69,7 +70,7 @@ def _rows(good: list[dict[str, Any]], outs: list[dict], eos_id: int, max_seq_len
         if len(row["prompt_ids"]) + len(ids) > max_seq_len:
             too_long += 1
             continue
-        hit = answers_match(out["text"], row["answer"])
+        hit = answers_match(out["text"], row["answer"], extract)
         correct += hit
         rows.append({**row, "solution": out["text"], "completion_ids": ids, "teacher_correct": hit})
     counts = {"prompts": len(good), "kept": len(rows), "unfinished": unfinished, "too_long": too_long,
@@ -105,7 +106,7 @@ def _generate_to(cache: Path, cfg: DistillConfig, teacher_path: str, train: ray.
     good = [{k: ([int(x) for x in v] if k.endswith("_ids") else v) for k, v in r.items()}
             for r in (train.take(limit) if limit else train.take_all())]
     outs, dt = _generate(cfg, teacher_path, [r["prompt_ids"] for r in good], run_dir)
-    rows, counts = _rows(good, outs, load_tokenizer(teacher_path).eos_token_id, cfg.data.max_seq_len)
+    rows, counts = _rows(good, outs, load_tokenizer(teacher_path).eos_token_id, cfg.data.max_seq_len, cfg.eval.extract)
     tokens = sum(len(o["token_ids"]) for o in outs)
     counts.update({"generate_s": dt, "gen_tokens_per_s": tokens / max(dt, 1e-9)})
     log.info("seq_kd: teacher answered %d prompts in %.0fs (%.0f tok/s); kept %d (%d unfinished, %d too long), "

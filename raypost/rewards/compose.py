@@ -9,7 +9,7 @@ So ``trl.rewards:accuracy_reward`` (which reads a ``solution`` column) works unc
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from raypost.rewards.verifiers import accuracy_reward, format_reward
@@ -45,6 +45,7 @@ class WeightedReward:
     fn: RewardFn
     weight: float
     conversational: bool = False
+    kwargs: dict[str, Any] = field(default_factory=dict)  # fixed arguments from the reward spec
 
 
 def call(reward: WeightedReward, prompts: Sequence[Any], completions: Sequence[Any],
@@ -54,7 +55,8 @@ def call(reward: WeightedReward, prompts: Sequence[Any], completions: Sequence[A
         prompts = [[{"role": "user", "content": p}] for p in prompts]
         completions = [[{"role": "assistant", "content": c}] for c in completions]
     try:
-        out = reward.fn(prompts=list(prompts), completions=list(completions), **{k: list(v) for k, v in columns.items()})
+        out = reward.fn(prompts=list(prompts), completions=list(completions),
+                        **{k: list(v) for k, v in columns.items()}, **reward.kwargs)
     except Exception as err:  # a user function failing must not take the service down
         raise RewardFunctionError(reward.name, f"{type(err).__name__}: {err}") from err
     if not isinstance(out, (list, tuple)) or len(out) != len(completions):

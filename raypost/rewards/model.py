@@ -19,8 +19,10 @@ class RewardModel:
 
         if threads:
             torch.set_num_threads(threads)
-        self.tok = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1).eval()
+        from raypost.models.named import resolve
+
+        self.tok = AutoTokenizer.from_pretrained(resolve(path))
+        self.model = AutoModelForSequenceClassification.from_pretrained(resolve(path), num_labels=1).eval()
         if self.tok.pad_token is None:
             self.tok.pad_token = self.tok.eos_token
         self.model.config.pad_token_id = self.tok.pad_token_id

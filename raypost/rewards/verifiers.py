@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from raypost.data.answers import canonical_answer, final_segment
+from raypost.data.answers import canonical_answer, extract_answer
 
 _FORMAT = re.compile(r"####\s*-?\d[\d,]*(?:\.\d+)?\s*$")
 
@@ -22,11 +22,12 @@ def _text(completion: Any) -> str:
     return str(completion)
 
 
-def answers_match(completion: str, gold: str) -> bool:
-    """The completion's '#### n' equals the gold answer: exact after normalization, else
+def answers_match(completion: str, gold: str, extract: str = "strict") -> bool:
+    """The completion's final answer equals the gold answer: exact after normalization, else
     math-verify's symbolic equivalence (e.g. '0.5' vs '1/2'). ``gold`` is a final answer or a
-    whole worked solution (its '####' segment counts)."""
-    segment = final_segment(completion)
+    whole worked solution (its '####' segment counts). ``extract``: how the completion's answer
+    is read (``raypost.data.answers.extract_answer``: 'strict' '#### n' or 'flexible')."""
+    segment = extract_answer(completion, extract)
     if segment is None:
         return False
     pred, gold_n = canonical_answer(segment), canonical_answer(str(gold))
@@ -40,9 +41,12 @@ def answers_match(completion: str, gold: str) -> bool:
         return False
 
 
-def accuracy_reward(prompts: list[Any], completions: list[Any], answer: list[str], **kwargs: Any) -> list[float]:
-    """1.0 when the final '#### n' answer matches ``answer`` (GSM8K and the synthetic task)."""
-    return [1.0 if answers_match(_text(c), a) else 0.0 for c, a in zip(completions, answer)]
+def accuracy_reward(prompts: list[Any], completions: list[Any], answer: list[str], extract: str = "strict",
+                    **kwargs: Any) -> list[float]:
+    """1.0 when the completion's final answer matches ``answer`` (GSM8K and the synthetic task).
+    ``extract='strict'`` reads only a '#### n' line; 'flexible' also \\boxed{}, "the answer is n"
+    and the last number (a reward spec's ``kwargs: {extract: flexible}``)."""
+    return [1.0 if answers_match(_text(c), a, extract) else 0.0 for c, a in zip(completions, answer)]
 
 
 def format_reward(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:

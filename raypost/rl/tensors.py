@@ -49,13 +49,56 @@ def collate(rows: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tens
             "adv": torch.tensor([r["adv"] for r in rows], dtype=torch.float32)}
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
+                   chunk_tokens: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
     """log p(target) under softmax(logits / temperature), and the per-token entropy.
 
-    logits: [N, T, V] (positions 0..T-1); targets: [N, T-1]. Returns two [N, T-1] tensors.
-    """
-    logp_all = torch.log_softmax(logits[:, :-1].float() / temperature, dim=-1)
-    logp = logp_all.gather(-1, targets[..., None])[..., 0]
-    with torch.no_grad():
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy
+    logits: [N, T, V] (positions 0..T-1); targets: [N, T-1]. Returns two [N, T-1] fp32 tensors
+    (log-probs with grad, entropy without).
+
+    Selective and chunked, as in torchtune and prime-rl: log p = x_target - logsumexp(x), taken
+    over ``chunk_tokens`` positions at a time by ``_SelectiveLogprob``, whose backward writes
+    the logits' gradient chunk by chunk into one tensor. So besides the logits and their
+    gradient no [N, T, V] tensor exists (with a 49k vocabulary a full fp32 log-softmax is 0.4 GB
+    per 2k tokens, and autograd keeps it; its exp for the entropy is another)."""
+    return _SelectiveLogprob.apply(logits, targets, float(temperature), int(chunk_tokens))
+
+
+def _chunks(n: int, t: int, size: int):
+    for i in range(n):
+        for a in range(0, t, size):
+            yield i, a, min(t, a + size)
+
+
+class _SelectiveLogprob(torch.autograd.Function):
+    """Forward: per chunk x = logits / temperature, logp = x[target] - lse(x), entropy.
+    Backward: d logp / d logits = (onehot(target) - softmax(x)) / temperature, per chunk."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float,
+                chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n, t = targets.shape
+        logp = torch.zeros((n, t), dtype=torch.float32, device=logits.device)
+        entropy, lse = torch.zeros_like(logp), torch.zeros_like(logp)
+        for i, a, b in _chunks(n, t, chunk):
+            x = logits[i, a:b].float() / temperature
+            lse[i, a:b] = torch.logsumexp(x, dim=-1)
+            logp[i, a:b] = x.gather(-1, targets[i, a:b, None])[:, 0] - lse[i, a:b]
+            entropy[i, a:b] = lse[i, a:b] - (torch.softmax(x, dim=-1) * x).sum(-1)
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp: torch.Tensor, _grad_entropy: torch.Tensor | None):
+        logits, targets, lse = ctx.saved_tensors
+        grad = torch.zeros_like(logits)  # the last position predicts nothing: its gradient stays 0
+        n, t = targets.shape
+        for i, a, b in _chunks(n, t, ctx.chunk):
+            g = grad_logp[i, a:b].float()
+            x = logits[i, a:b].float() / ctx.temperature
+            chunk = torch.exp(x - lse[i, a:b, None]).mul_(-g[:, None])  # -softmax(x) * g
+            chunk.scatter_add_(-1, targets[i, a:b, None], g[:, None])  # + onehot(target) * g
+            grad[i, a:b] = (chunk / ctx.temperature).to(grad.dtype)
+        return grad, None, None, None

@@ -36,7 +36,8 @@ api = FastAPI(title="raypost reward service")
 class RewardService:
     def __init__(self, config: dict[str, Any]) -> None:
         self.cfg = RewardServiceConfig.model_validate(config)
-        self.rewards = [WeightedReward(r.name, resolve(r.fn), r.weight, r.conversational) for r in self.cfg.rewards]
+        self.rewards = [WeightedReward(r.name, resolve(r.fn), r.weight, r.conversational, r.kwargs)
+                        for r in self.cfg.rewards]
         self.needs_labels = {r.name for r in self.cfg.rewards if r.needs_labels}
         if self.cfg.model is not None:
             from raypost.rewards.model import RewardModel

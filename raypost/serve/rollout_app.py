@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 
 from raypost.config.serve import RolloutConfig
+from raypost.models.named import resolve
 from raypost.serve.weights import latest
 
 api = FastAPI(title="raypost rollout")
@@ -69,7 +70,7 @@ class RolloutServer:
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = AsyncEngineArgs(model=model_path, dtype=self.cfg.dtype, max_model_len=self.cfg.max_model_len,
+        args = AsyncEngineArgs(model=resolve(model_path), dtype=self.cfg.dtype, max_model_len=self.cfg.max_model_len,
                                max_num_seqs=self.cfg.max_num_seqs, enforce_eager=True, seed=self.cfg.seed,
                                worker_extension_cls=EXTENSION, logprobs_mode="processed_logprobs",
                                gpu_memory_utilization=self.cfg.gpu_memory_utilization)

@@ -44,7 +44,7 @@ def collect(ctx: dict[str, Any], cfg: DistillConfig) -> tuple[list[dict], dict[s
     t1 = time.perf_counter()
     seqs = [{"ids": list(r["prompt_ids"]) + list(c["token_ids"]), "start": len(r["prompt_ids"]), "old": c["logprobs"],
              "adv": 0.0, "train": len(c["token_ids"]) > 0, "version": o["version"], "sample_id": f"{r['id']}#{i}",
-             "correct": answers_match(c["text"], r["answer"])}
+             "correct": answers_match(c["text"], r["answer"], cfg.eval.extract)}
             for r, o in zip(rows, outs) for i, c in enumerate(o["completions"])]
     top_k = d.top_k if d.on_policy_loss == "gkd" else 0
     scores = ctx["teacher"].score.remote([s["ids"] for s in seqs], [s["start"] for s in seqs], top_k).result()
