@@ -18,6 +18,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 GSM8K = SHARED / "data" / "gsm8k"
 sys.path.insert(0, str(ROOT))
+# Two xdist workers each run a Ray cluster on the same 2 cores: OpenMP threads that spin while
+# idle (libgomp's default) take the cores the other worker's learner or vLLM engine needs. Set
+# before any cluster starts, so every Ray worker and pipeline subprocess inherits it
+# (benchmarks/omp_wait_policy.py).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # Small shapes so learner tests take seconds per step on 2 cores.
 TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 128,
@@ -135,7 +140,7 @@ def tiny_model(tmp_path_factory) -> Path:
     return build_tiny_model(TinyModelConfig(**TINY), texts, tmp_path_factory.mktemp("tiny") / "model")
 
 
-def run_pipeline(script: str, args: list[str], address: str, timeout: float = 600,
+def run_pipeline(script: str, args: list[str], address: str, timeout: float = 1500,
                  check: bool = True) -> subprocess.CompletedProcess:
     """Run ``pipelines/<script>`` as its own driver connected to the test cluster."""
     env = {**os.environ, "RAY_ADDRESS": address, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
@@ -175,5 +180,5 @@ def trained_reward_model(ray_cluster, tmp_path_factory) -> Path:
     run_pipeline("reward_model.py", ["--dataset", str(train), "--data.eval_path",
                                      str(GSM8K / "test.jsonl"), "--run.storage_path", str(out), "--run.name", "rm",
                                      "--run.wandb_mode", "disabled", "--train.max_steps", "20",
-                                     "--train.max_eval_pairs", "96"], ray_cluster, timeout=900)
+                                     "--train.max_eval_pairs", "96"], ray_cluster, timeout=1500)
     return out / "rm"

@@ -17,7 +17,7 @@ from raypost.train.checkpointing import log_trained, rewind_logs
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)
 def test_reward_endpoint_answers_while_the_gcs_is_down():
     out = gcs_drill(outage_s=10.0)
     assert out["sent_during_outage"] > 50
@@ -27,7 +27,7 @@ def test_reward_endpoint_answers_while_the_gcs_is_down():
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)
 def test_resubmit_wrapper_runs_the_same_command_until_it_succeeds(tmp_path):
     from raypost.utils.local_head import LocalHead
     from raypost.utils.resubmit import submit_until_done

@@ -66,6 +66,11 @@ class RolloutServer:
     def __init__(self, model_path: str, config: dict[str, Any]) -> None:
         self.cfg = RolloutConfig.model_validate(config)
         _cpu_bind(self.cfg)
+        if self.cfg.gpus_per_replica == 0:
+            # Idle OpenMP threads sleep instead of spinning, so a learner or another replica on the
+            # same cores gets them between kernels (the engine processes spawned below read it).
+            # benchmarks/omp_wait_policy.py measures it.
+            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(self.cfg.kv_cache_gb))))
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
