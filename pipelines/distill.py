@@ -96,6 +96,7 @@ def main(argv: list[str]) -> dict:
         "heldout_accuracy": {who: res["accuracy"] for who, res in results.items()},
         "student_vs_teacher": results["student"]["accuracy"] / teacher_acc if teacher_acc else None,
         "params": {who: res["params"] for who, res in results.items()}, "heldout_n": results["student"]["n"],
+        "shapes": distill_phase.student_info(cfg, teacher_path, student_path),
         "samples": results["student"]["samples"], "phase_s": {k: p.wall_s for k, p in phases.items()},
         "wall_s": time.time() - t0,
     }

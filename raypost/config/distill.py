@@ -83,6 +83,17 @@ class DistillAlgoConfig(StrictModel):
                     "lr 1e-4 lowered held-out accuracy (0.435 -> 0.33 in 40 steps); 2e-5 did not (0.46 at 60).")
 
 
+class StudentConfig(StrictModel):
+    """How the student is made from the teacher when ``model.path`` is not set. Either way it
+    has the teacher's tokenizer and chat template (raypost.models.student)."""
+
+    init: Literal["config", "prune"] = Field(
+        "config", description="config: the teacher's architecture at model.tiny's shape (width, depth, heads, MLP), "
+                              "random weights; prune: the teacher keeping every keep_every-th layer (0, k, 2k...), "
+                              "with its own weights (a warmer start).")
+    keep_every: int = Field(2, ge=2, le=64, description="prune: keep teacher layers 0, k, 2k, ... (2 halves the depth).")
+
+
 def _student_tiny() -> ModelConfig:
     # About a quarter of the default teacher's parameters (0.92M vs 3.4M), same tokenizer.
     return ModelConfig(tiny=TinyModelConfig(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2,
@@ -92,9 +103,12 @@ def _student_tiny() -> ModelConfig:
 class DistillConfig(StrictModel):
     """``pipelines/distill.py``: distill a teacher into a smaller student on the same data."""
 
-    model: ModelConfig = Field(default_factory=_student_tiny, description="The student (tiny model with the "
-                                                                          "teacher's tokenizer if no path).")
+    model: ModelConfig = Field(default_factory=_student_tiny, description="The student: a path, or (no path) "
+                                                                          "built from the teacher as student.init "
+                                                                          "says, at model.tiny's shape.")
     teacher: TeacherConfig = Field(default_factory=TeacherConfig, description="The teacher.")
+    student: StudentConfig = Field(default_factory=StudentConfig, description="How the student is built from the "
+                                                                              "teacher (model.path unset).")
     data: DataConfig = Field(default_factory=DataConfig, description="Training data (questions + gold answers).")
     distill: DistillAlgoConfig = Field(default_factory=DistillAlgoConfig, description="Mode and loss.")
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=2e-3, micro_batch_size=4),

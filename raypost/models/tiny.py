@@ -38,23 +38,19 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int):
                                    chat_template=CHAT_TEMPLATE, model_max_length=1 << 20)
 
 
-def build_tiny_model(cfg: TinyModelConfig, texts: Iterable[str], out_dir: str | Path,
-                     tokenizer_path: str | Path | None = None) -> Path:
-    """Train the tokenizer on ``texts`` (or reuse the one at ``tokenizer_path``: a distillation
-    student shares its teacher's), build a seeded Qwen2 model and save both (HF format).
+def build_tiny_model(cfg: TinyModelConfig, texts: Iterable[str], out_dir: str | Path) -> Path:
+    """Train the tokenizer on ``texts``, build a seeded Qwen2 model and save both (HF format).
+    (A distillation student is built from its teacher: raypost.models.student.)
 
     Idempotent: an existing build in ``out_dir`` is reused, so a resumed run keeps its base.
     """
     import torch
-    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-
-    from raypost.models.named import resolve
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     out = Path(out_dir)
     if (out / "config.json").is_file() and (out / "tokenizer.json").is_file():
         return out
-    tokenizer = (AutoTokenizer.from_pretrained(resolve(str(tokenizer_path))) if tokenizer_path is not None
-                 else train_tokenizer(texts, cfg.vocab_size))
+    tokenizer = train_tokenizer(texts, cfg.vocab_size)
     config = Qwen2Config(
         vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
         num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,

@@ -81,14 +81,28 @@ def same_tokenizer(teacher_path: str, student_path: str) -> None:
 
 
 def student_base(cfg: DistillConfig, teacher_path: str, run_dir: Path) -> str:
-    """``model.path`` (checked to share the teacher's tokenizer), or a tiny student built
-    with the teacher's tokenizer."""
+    """``model.path`` (checked to share the teacher's tokenizer), or a student built from the
+    teacher (``student.init``: its architecture at ``model.tiny``'s shape, or its pruned copy)."""
     if cfg.model.path is not None:
         same_tokenizer(teacher_path, cfg.model.path)
         return cfg.model.path
-    from raypost.models.tiny import build_tiny_model
+    from raypost.models import student
 
-    return str(build_tiny_model(cfg.model.tiny, [], run_dir / "student_base", tokenizer_path=teacher_path))
+    out = run_dir / "student_base"
+    if cfg.student.init == "prune":
+        return str(student.pruned(teacher_path, cfg.student.keep_every, out))
+    return str(student.from_config(teacher_path, cfg.model.tiny, out))
+
+
+def student_info(cfg: DistillConfig, teacher_path: str, student_path: str) -> dict[str, Any]:
+    """The student's and teacher's shapes (and a pruned student's kept layers), for the report."""
+    from raypost.models import student
+
+    info: dict[str, Any] = {"init": "path" if cfg.model.path else cfg.student.init,
+                            "student": student.describe(student_path), "teacher": student.describe(teacher_path)}
+    if info["init"] == "prune":
+        info["kept_layers"] = student.kept_layers(info["teacher"]["num_layers"], cfg.student.keep_every)
+    return info
 
 
 def peak_request(cfg: DistillConfig) -> dict[str, float]:
