@@ -65,15 +65,17 @@ def main(argv: list[str]) -> dict:
     # SFT warm-up (the SFT learner), then the Serve apps on the warmed-up model.
     sft_model, warmup_s = grpo_phase.warmup(cfg, model_path, data, run_dir)
     grpo_phase.reset_weights(cfg)
-    grpo_phase.deploy(cfg, sft_model, grpo_phase.weights_dir_for(cfg))
-    before = grpo_phase.evaluate(cfg, data)
-    log.info("held-out accuracy after warm-up: %.3f", before["accuracy"])
+    try:  # the Serve apps and pushed weights go when the run ends, also when it fails
+        grpo_phase.deploy(cfg, sft_model, grpo_phase.weights_dir_for(cfg))
+        before = grpo_phase.evaluate(cfg, data)
+        log.info("held-out accuracy after warm-up: %.3f", before["accuracy"])
 
-    # GRPO on Ray Train + DeepSpeed, rollouts on Serve.
-    final_model, grpo_s, metrics = grpo_phase.train(cfg, sft_model, data, run_dir)
-    after = grpo_phase.evaluate(cfg, data, version=cfg.algo.steps)
-    log.info("held-out accuracy after GRPO: %.3f (was %.3f)", after["accuracy"], before["accuracy"])
-    grpo_phase.teardown(cfg)
+        # GRPO on Ray Train + DeepSpeed, rollouts on Serve.
+        final_model, grpo_s, metrics = grpo_phase.train(cfg, sft_model, data, run_dir)
+        after = grpo_phase.evaluate(cfg, data, version=cfg.algo.steps)
+        log.info("held-out accuracy after GRPO: %.3f (was %.3f)", after["accuracy"], before["accuracy"])
+    finally:
+        grpo_phase.teardown(cfg)
 
     report = {
         "pipeline": "grpo", "config": cfg.model_dump(mode="json"), "model_path": final_model, "data": data.counts,

@@ -124,3 +124,34 @@ def test_grpo_raises_heldout_accuracy(ray_cluster, serve_url, tmp_path):
     # Measured from this warm-up (0.08), 30 steps: lr 1e-4 gave +0.15, +0.165, +0.21 (run.seed 0, 1, 2);
     # the default lr 5e-5 is too slow for 30 steps (-0.015 in one run), 1.5e-4 gave +0.07 to +0.155.
     assert after >= before + 0.10, (before, after)
+
+
+def test_a_failed_run_removes_its_serve_apps(monkeypatch, tmp_path):
+    """pipelines/grpo.py tears its Serve apps and pushed weights down when training raises, and
+    the error still reaches the caller (phases replaced by fakes: the order of calls is the logic)."""
+    import importlib.util
+
+    from raypost.phases import data as data_phase
+    from raypost.phases import grpo as grpo_phase
+
+    calls: list[str] = []
+
+    def fail(*_a, **_k):
+        calls.append("train")
+        raise RuntimeError("learner died")
+
+    monkeypatch.setattr(data_phase, "start_run", lambda cfg: tmp_path)
+    monkeypatch.setattr(data_phase, "prepare", lambda *a: ("base", None))
+    monkeypatch.setattr(grpo_phase, "check_placement", lambda cfg: None)
+    monkeypatch.setattr(grpo_phase, "warmup", lambda *a: ("warm", 0.0))
+    monkeypatch.setattr(grpo_phase, "reset_weights", lambda cfg: None)
+    monkeypatch.setattr(grpo_phase, "deploy", lambda *a: calls.append("deploy"))
+    monkeypatch.setattr(grpo_phase, "evaluate", lambda *a, **k: calls.append("evaluate") or {"accuracy": 0.0})
+    monkeypatch.setattr(grpo_phase, "train", fail)
+    monkeypatch.setattr(grpo_phase, "teardown", lambda cfg: calls.append("teardown"))
+    spec = importlib.util.spec_from_file_location("grpo_pipeline", ROOT / "pipelines" / "grpo.py")
+    pipeline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pipeline)
+    with pytest.raises(RuntimeError, match="learner died"):
+        pipeline.main([])
+    assert calls == ["deploy", "evaluate", "train", "teardown"]

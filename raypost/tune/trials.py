@@ -132,8 +132,11 @@ def _grpo(cfg: GRPOConfig, run_dir: Path) -> None:
     # and replicas do not fit: deploy from a task scheduled outside it.
     outside = PlacementGroupSchedulingStrategy(placement_group=None)
     deploy = ray.remote(num_cpus=0, scheduling_strategy=outside)(grpo_phase.deploy)
-    ray.get(deploy.remote(cfg, model_path, grpo_phase.weights_dir_for(cfg)))
-    grpo_phase.train(cfg, model_path, data, run_dir)
+    try:  # a trial that finishes or fails removes its apps (one Tune stops is killed: the next deploy replaces them)
+        ray.get(deploy.remote(cfg, model_path, grpo_phase.weights_dir_for(cfg)))
+        grpo_phase.train(cfg, model_path, data, run_dir)
+    finally:
+        grpo_phase.teardown(cfg)
 
 
 def _distill(cfg: DistillConfig, run_dir: Path) -> None:
