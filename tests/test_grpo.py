@@ -121,9 +121,13 @@ def test_grpo_raises_heldout_accuracy(ray_cluster, serve_url, tmp_path):
     report = json.loads((tmp_path / "learn" / "report.json").read_text())
     before, after = report["heldout_accuracy_before"], report["heldout_accuracy_after"]
     assert report["heldout_n"] == 200
-    # Measured from this warm-up (0.08), 30 steps: lr 1e-4 gave +0.15, +0.165, +0.21 (run.seed 0, 1, 2);
-    # the default lr 5e-5 is too slow for 30 steps (-0.015 in one run), 1.5e-4 gave +0.07 to +0.155.
-    assert after >= before + 0.10, (before, after)
+    # Measured from this warm-up, 30 steps at lr 1e-4: +0.15, +0.165, +0.21 (run.seed 0, 1, 2, from a
+    # warm-up at 0.08), at least +0.10 in three suite runs, and +0.08 in one (0.15 -> 0.23, from a
+    # warm-up at 0.15). The default lr 5e-5 is too slow for 30 steps (-0.015 in one run), 1.5e-4 gave
+    # +0.07 to +0.155. The bound is 2 standard errors of a paired difference of 200 greedy answers
+    # (sqrt(30)/200 = 0.027 when 30 of the 200 answers change): a GRPO that does not learn (zero advantages,
+    # a flipped sign, weights that never reach the replicas) gains 0 or loses.
+    assert after >= before + 0.05, (before, after)
 
 
 def test_a_failed_run_removes_its_serve_apps(monkeypatch, tmp_path):
