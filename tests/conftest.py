@@ -3,8 +3,10 @@ ray.shutdown()), a tiny model built once, and helpers to run pipelines as subpro
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -41,8 +43,33 @@ def ray_cluster():
              log_to_driver=False)
     configure_ray_data()
     yield ray.get_runtime_context().gcs_address
+    from ray import serve
+
+    serve.shutdown()  # replicas stop gracefully first: a vLLM engine frees its /dev/shm segments
     ray.shutdown()
     shutil.rmtree(temp, ignore_errors=True)
+
+
+def _mapped_shm() -> set[str]:
+    """The /dev/shm/psm_* segments some live process has mapped."""
+    found: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            found.update(re.findall(r"/dev/shm/psm_[0-9a-f]+", maps.read_text()))
+        except OSError:  # the process ended while we looked
+            continue
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leaked_shm():
+    """A vLLM engine that is killed (the replica-kill tests, a head's shutdown) leaves its message
+    queue's 160 MB /dev/shm/psm_* segment behind, in memory until reboot. Remove the segments this
+    session created that no live process maps."""
+    before = set(glob.glob("/dev/shm/psm_*"))
+    yield
+    for leaked in set(glob.glob("/dev/shm/psm_*")) - before - _mapped_shm():
+        Path(leaked).unlink(missing_ok=True)
 
 
 DURATIONS = Path(__file__).with_name("durations.json")  # seconds per test (>= 1 s) of a full run
