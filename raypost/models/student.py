@@ -59,7 +59,7 @@ def from_config(teacher_path: str, shape: TinyModelConfig, out_dir: str | Path) 
     if getattr(config, "layer_types", None) is not None:  # per-layer attention kinds (Qwen2): one per layer
         config.layer_types = [config.layer_types[0]] * shape.num_layers
     torch.manual_seed(shape.seed)
-    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     try:
         model.generation_config = GenerationConfig.from_pretrained(src)
     except OSError:  # the teacher has none: the model config's defaults stay
@@ -80,7 +80,7 @@ def pruned(teacher_path: str, keep_every: int, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     if (out / "config.json").is_file():
         return out
-    model = AutoModelForCausalLM.from_pretrained(resolve(teacher_path), torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(resolve(teacher_path), dtype=torch.float32)
     layers = _decoder_layers(model)
     keep = kept_layers(len(layers), keep_every)
     if len(keep) == len(layers):
