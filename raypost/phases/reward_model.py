@@ -49,9 +49,8 @@ def prepare_pairs(cfg: RewardModelConfig, model_path: str, run_dir: Path) -> tup
     rejects.unlink(missing_ok=True)
     out, counts = [], {}
     for name, ds in zip(("train", "eval"), splits):
-        tokenized = ds.map_batches(TokenizePairs, batch_format="pandas", **preprocess.actor_pool(),
-                                   fn_constructor_kwargs={"tokenizer_path": model_path,
-                                                          "max_seq_len": cfg.data.max_seq_len})
+        tokenized = preprocess.map_light(ds, TokenizePairs, tokenizer_path=model_path,
+                                         max_seq_len=cfg.data.max_seq_len)
         good, c = preprocess.split_rejects(tokenized.materialize(), name, rejects)
         out.append(good)
         counts[name] = c.as_dict()
