@@ -201,6 +201,7 @@ def test_producer_eta1_runs_one_batch_ahead_and_no_further():
         assert sorted(handle.calls) == [0, 1, 2, 3]  # (eta + 1) batches admitted before any push
         assert ids(p.take()[0]) == [0, 1]
         assert ids(p.take()[0]) == [2, 3]  # the batch ahead, already generated at version 0
+        handle.version = 1
         p.advance(1)
         wait_for(lambda: len(handle.calls) == 6)  # one push frees one batch of capacity
     finally:
@@ -250,9 +251,11 @@ def test_producer_stops_with_requests_in_flight_and_reports_exhaustion():
     t0 = time.perf_counter()
     p.stop()
     assert time.perf_counter() - t0 < 1.0 and not p._thread.is_alive()
-    p = producer(source=rows(0, 3))
+    handle = FakeRollout()
+    p = producer(source=rows(0, 3), handle=handle)
     try:
         assert ids(p.take()[0]) == [0, 1]
+        handle.version = 1  # serves the pushed version, as a replica does
         p.advance(1)
         with pytest.raises(RuntimeError, match="prompt order ran out"):
             p.take()
@@ -314,3 +317,20 @@ def test_chunked_token_logprobs_equal_the_full_log_softmax(temperature):
     assert torch.allclose(entropy, -(full.exp() * full).sum(-1), atol=1e-5)
     assert torch.allclose(chunked_grad, logits.grad, atol=1e-6)
     assert not entropy.requires_grad
+
+
+@pytest.mark.timeout(10)
+def test_a_push_that_never_reaches_the_replicas_fails_the_run_with_the_fix():
+    """A replica on another node than learner rank 0 reads its own, empty /dev/shm and keeps
+    serving version 0; the producer raises at the first group admitted after push 1, naming
+    the fix, instead of dropping stale groups until the learner waits for ever."""
+    handle = FakeRollout()
+    p = producer(eta=0, handle=handle)
+    try:
+        assert [g.version for g in p.take()[0]] == [0, 0]
+        p.advance(1)  # pushed, but handle.version stays 0: the replica never sees it
+        with pytest.raises(RuntimeError, match=r"served weight version 0 after the learner had pushed version 1.*"
+                                               r"rollout.weights_dir"):
+            p.take()
+    finally:
+        p.stop()

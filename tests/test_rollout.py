@@ -63,13 +63,15 @@ def rollout(serve_url, served_model):
 
     tiny_model = served_model
     wdir = f"/dev/shm/raypost-test-{uuid.uuid4().hex[:8]}"
-    cfg = build(RolloutConfig, {"num_replicas": 1, "cpus_per_replica": 1, "max_model_len": 256, "weights_dir": wdir})
+    # Pushes go through Ray's object store here (the pipelines' tests cover the default, shm).
+    cfg = build(RolloutConfig, {"num_replicas": 1, "cpus_per_replica": 1, "max_model_len": 256, "weights_dir": wdir,
+                                "weight_transport": "object_store"})
     serve.run(build_app(str(tiny_model), cfg), name="rollout", route_prefix="/rollout")
     yield {"cfg": cfg, "url": f"{serve_url}/rollout", "model": tiny_model}
     serve.delete("rollout")
-    import shutil
+    from raypost.serve.channel import channel
 
-    shutil.rmtree(wdir, ignore_errors=True)
+    channel(cfg.weight_transport, wdir).close()
 
 
 def prompts_for(model_path, k: int = 4) -> list[list[int]]:
@@ -84,7 +86,7 @@ def prompts_for(model_path, k: int = 4) -> list[list[int]]:
 def test_push_then_parity_with_transformers(rollout):
     from raypost.serve.rollout_client import RolloutClient
 
-    client = RolloutClient("rollout", rollout["cfg"].weights_dir)
+    client = RolloutClient("rollout", rollout["cfg"].weights_dir, transport=rollout["cfg"].weight_transport)
     prompts = prompts_for(rollout["model"])
     greedy = {"temperature": 0.0, "max_tokens": 16}
     w1 = perturbed(rollout["model"], 0.05, seed=1)
@@ -114,7 +116,7 @@ def test_teacher_scoring_matches_transformers(rollout):
     from raypost.serve.rollout_client import RolloutClient
 
     w = perturbed(rollout["model"], 0.05, seed=3)
-    RolloutClient("rollout", rollout["cfg"].weights_dir).update_weights(3, w)
+    RolloutClient("rollout", rollout["cfg"].weights_dir, transport=rollout["cfg"].weight_transport).update_weights(3, w)
     prompts = prompts_for(rollout["model"])
     want = hf_greedy(rollout["model"], w, prompts, 12)
     got = serve.get_app_handle("rollout").score.remote([p + ids for p, (ids, _) in zip(prompts, want)],
@@ -130,7 +132,7 @@ def test_teacher_scoring_matches_transformers(rollout):
 def test_sampling_n_and_seed(rollout):
     from raypost.serve.rollout_client import RolloutClient
 
-    client = RolloutClient("rollout", rollout["cfg"].weights_dir)
+    client = RolloutClient("rollout", rollout["cfg"].weights_dir, transport=rollout["cfg"].weight_transport)
     p = prompts_for(rollout["model"], 1)
     a = client.generate(p, 4, {"temperature": 1.0, "max_tokens": 8, "seed": 5})[0]["completions"]
     b = client.generate(p, 4, {"temperature": 1.0, "max_tokens": 8, "seed": 5})[0]["completions"]
@@ -167,7 +169,7 @@ def test_replica_killed_while_requests_flow(rollout):
 
     cfg = rollout["cfg"].model_copy(update={"num_replicas": 2})
     serve.run(build_app(str(rollout["model"]), cfg), name="rollout", route_prefix="/rollout")
-    client = RolloutClient("rollout", cfg.weights_dir, max_attempts=6)
+    client = RolloutClient("rollout", cfg.weights_dir, max_attempts=6, transport=cfg.weight_transport)
     client.update_weights(3, perturbed(rollout["model"], 0.05, seed=3))
     prompts = prompts_for(rollout["model"], 8)
     results, errors = [], []

@@ -19,8 +19,8 @@ from tests.conftest import ROOT, TINY, run_pipeline
 
 GOOD_LR, BAD_LR, LAST_LR = 3e-3, 1e-6, 2e-3
 STEPS, EVERY = 16, 4
-# PBT: three reports (steps 4, 8, 12), so the worse trial exploits at step 4 or, when the other
-# trial had not reported yet, at step 8; each exploit restarts a worker group.
+# PBT: three reports (steps 4, 8, 12); synchronous PBT has the worse trial exploit at step 4, and
+# each exploit restarts a worker group.
 PBT_STEPS = 12
 
 
@@ -123,8 +123,10 @@ def _pbt_space(tmp_path: Path) -> Path:
         "pipeline": "sft", "metric": "eval_loss", "mode": "min", "num_samples": 1, "max_concurrent_trials": 2,
         # two trials: after each report the worse one (bottom half) restarts from the better one's checkpoint,
         # with the better one's lr times 0.8 or 1.2 (no resampling)
+        # synch: the two trials compare at equal steps however their start-ups overlap on a loaded machine
+        # (asynchronous PBT once let the bad trial reach step 8 before the good one had reported at all)
         "scheduler": {"type": "pbt", "perturbation_interval": 1, "quantile_fraction": 0.5,
-                      "resample_probability": 0.0},
+                      "resample_probability": 0.0, "synch": True},
         "search": {"type": "grid"},
         "base": {"model": {"tiny": TINY}, "data": {"synthetic": {"num_train": 400, "num_eval": 40}},
                  "resources": {"num_workers": 1, "cpus_per_worker": 0.5, "torch_threads": 1},
@@ -155,7 +157,8 @@ def test_pbt_exploit_restarts_from_the_better_trial_with_a_perturbed_lr(ray_clus
     exploits = [(trial, seg) for trial, segs in lineage.items() for seg in segs
                 if seg["start_from"] and f"/trials/{trial}/" not in seg["start_from"]]
     assert exploits, lineage
-    trial, seg = exploits[0]
+    # The first exploit copies an unperturbed trial (later ones may copy a trial that exploited before).
+    trial, seg = min(exploits, key=lambda e: e[1]["step"])
     assert 0 < seg["step"] < PBT_STEPS and seg["step"] % EVERY == 0
     assert seg["lr"] in (pytest.approx(GOOD_LR * 0.8), pytest.approx(GOOD_LR * 1.2)), seg
     # Its next segment continued the donor's run at the next step, and trained with its own lr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, field_validator, model_validator
 
 from raypost.config.base import StrictModel
@@ -90,8 +92,13 @@ class RolloutConfig(StrictModel):
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1.0, description="GPU share for the engine (GPU only).")
     cpu_bind: bool = Field(True, description="Pin each CPU replica to its own cores by replica rank (vLLM's 'auto' "
                                              "puts every replica on core 0).")
-    weights_dir: str = Field("/dev/shm/raypost", min_length=1, description="Where pushed weights are written "
-                             "(node-local shared memory; trainer and replicas on one node).")
+    weight_transport: Literal["shm", "object_store"] = Field(
+        "shm", description="How pushed weights reach the replicas (raypost.serve.channel): shm = files in "
+                           "weights_dir (node-local: replicas on learner rank 0's node, or a weights_dir every node "
+                           "mounts); object_store = Ray's object store, to replicas on any node.")
+    weights_dir: str = Field("/dev/shm/raypost", min_length=1, description="shm: where pushed weights are written "
+                             "(node-local shared memory by default); object_store: where each replica stages them "
+                             "on its own node.")
     max_attempts: int = Field(4, ge=1, le=100, description="Client tries per request across replica failures.")
     seed: int = Field(0, ge=0, description="Engine seed.")
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from raypost.config.grpo import GRPOConfig
 from raypost.data import preprocess
 from raypost.phases.data import PreparedData
 from raypost.phases.sft import run_sft
+from raypost.serve.channel import WeightChannel, channel
 from raypost.train import checkpointing
 from raypost.train.grpo_loop import grpo_loop
 from raypost.train.trainer import fit, learner_request
@@ -107,23 +107,28 @@ def evaluate(cfg: GRPOConfig, data: PreparedData, version: int | None = None) ->
     from raypost.eval import rollout_accuracy
     from raypost.serve.rollout_client import RolloutClient
 
-    client = RolloutClient("rollout", weights_dir_for(cfg), cfg.rollout.max_attempts, chunk=16)
+    client = RolloutClient("rollout", weights_dir_for(cfg), cfg.rollout.max_attempts, chunk=16,
+                           transport=cfg.rollout.weight_transport)
     if version is not None:
         asyncio.run(client.await_version(version))
     return rollout_accuracy(client, data.eval_rows(cfg.data.max_eval_samples), cfg.eval.max_new_tokens,
                             extract=cfg.eval.extract)
 
 
+def weight_channel(cfg: GRPOConfig) -> WeightChannel:
+    return channel(cfg.rollout.weight_transport, weights_dir_for(cfg))
+
+
 def reset_weights(cfg: GRPOConfig) -> None:
     """Drop pushed versions of an earlier job: fresh replicas start from the warm-up model and
     the learner republishes its restored version when it starts."""
-    shutil.rmtree(weights_dir_for(cfg), ignore_errors=True)
+    weight_channel(cfg).close()
 
 
 def teardown(cfg: GRPOConfig) -> None:
     """After the run: delete the job's Serve apps, whose replicas would otherwise keep holding
-    their CPUs/GPUs on the cluster, and the pushed weights in ``rollout.weights_dir`` (shared
-    memory by default). The final model is in the last checkpoint."""
+    their CPUs/GPUs on the cluster, and the pushed weights (its weight channel's). The final model
+    is in the last checkpoint."""
     from ray import serve
 
     for app in ("rollout", "reward"):
@@ -131,4 +136,4 @@ def teardown(cfg: GRPOConfig) -> None:
             serve.delete(app)
         except Exception as err:  # noqa: BLE001 - cleanup after a failure must not hide that failure
             log.warning("could not delete the Serve app %r: %s", app, err)
-    shutil.rmtree(weights_dir_for(cfg), ignore_errors=True)
+    weight_channel(cfg).close()

@@ -3,7 +3,6 @@ on-policy learner (``train.onpolicy_loop``) on Ray Train."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
@@ -11,6 +10,7 @@ from raypost.config.distill import DistillConfig
 from raypost.data import preprocess
 from raypost.phases.data import PreparedData
 from raypost.phases.sft import SFTResult
+from raypost.serve.channel import channel
 from raypost.train import checkpointing
 from raypost.train.onpolicy_loop import onpolicy_loop
 from raypost.train.trainer import fit
@@ -38,7 +38,8 @@ def run_on_policy(cfg: DistillConfig, teacher_path: str, student_path: str, data
 
     d = cfg.distill
     weights_dir = Path(cfg.rollout.weights_dir) / f"{cfg.run.name}-{out.name}"
-    shutil.rmtree(weights_dir, ignore_errors=True)  # a resumed learner republishes its restored version
+    chan = channel(cfg.rollout.weight_transport, weights_dir)
+    chan.close()  # a resumed learner republishes its restored version
     prompts = preprocess.prompt_order(data.train, d.on_policy_steps * d.prompts_per_step, cfg.run.seed)
     _deploy(cfg, teacher_path, student_path, weights_dir)
     seqs = d.prompts_per_step * d.samples_per_prompt
@@ -54,7 +55,7 @@ def run_on_policy(cfg: DistillConfig, teacher_path: str, student_path: str, data
     finally:
         for app in (STUDENT_APP, TEACHER_APP):
             serve.delete(app)
-        shutil.rmtree(weights_dir, ignore_errors=True)  # the final weights are in the checkpoint
+        chan.close()  # the final weights are in the checkpoint
     if result.error is not None:
         raise result.error
     return SFTResult(str(Path(result.checkpoint.path) / checkpointing.HF_DIR), d.on_policy_steps,

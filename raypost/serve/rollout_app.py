@@ -6,8 +6,8 @@ finish_reason, text}], "version"}]`` (one entry per prompt). Logprobs are vLLM's
 is the behaviour policy GRPO's importance ratios need.
 HTTP: ``POST /v1/completions`` (OpenAI-compatible subset), ``GET /health``.
 
-Weights: before serving a request a replica reads the version pointer (weights.py); when
-a different version is published it waits for its in-flight requests to finish (between requests,
+Weights: before serving a request a replica asks its weight channel (channel.py: shm files or
+Ray's object store) for the newest version; when a different version is published it waits for its in-flight requests to finish (between requests,
 no interruption), reloads in place, resets the prefix cache, and serves on.
 """
 
@@ -24,7 +24,7 @@ from ray import serve
 
 from raypost.config.serve import RolloutConfig
 from raypost.models.named import resolve
-from raypost.serve.weights import latest
+from raypost.serve.channel import channel
 
 api = FastAPI(title="raypost rollout")
 EXTENSION = "raypost.serve.vllm_ext.WeightReloadExtension"
@@ -80,18 +80,19 @@ class RolloutServer:
                                worker_extension_cls=EXTENSION, logprobs_mode="processed_logprobs",
                                gpu_memory_utilization=self.cfg.gpu_memory_utilization)
         self.engine = AsyncLLM.from_engine_args(args)
+        self.channel = channel(self.cfg.weight_transport, self.cfg.weights_dir)
         self.model_path = model_path
         self.version = 0
         self._inflight = 0
         self._lock = asyncio.Lock()
 
     async def _ensure_latest(self) -> None:
-        version, path = latest(self.cfg.weights_dir)
-        if version == self.version or path is None:
+        version, path = await self.channel.fetch(self.version)
+        if path is None:
             return
         async with self._lock:  # any change, also back to an older version after a resume
-            version, path = latest(self.cfg.weights_dir)
-            if version == self.version or path is None:
+            version, path = await self.channel.fetch(self.version)
+            if path is None:
                 return
             while self._inflight:
                 await asyncio.sleep(0.005)
@@ -191,6 +192,9 @@ class RolloutServer:
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.shutdown()  # frees vLLM's /dev/shm segments
+        chan = getattr(self, "channel", None)
+        if chan is not None:
+            chan.release()  # weights it staged on its node
 
 
 def build_app(model_path: str, cfg: RolloutConfig) -> serve.Application:

@@ -10,7 +10,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from raypost.serve import weights
+from raypost.serve.channel import channel
 
 log = logging.getLogger("raypost.rollout")
 
@@ -26,18 +26,20 @@ def _retryable(err: BaseException) -> bool:
 
 class RolloutClient:
     """Generate on the ``app_name`` Serve app (or on ``handle``, any object with the app's
-    ``generate.remote`` and ``weight_version.remote``); ``chunk`` prompts per request. A
+    ``generate.remote`` and ``weight_version.remote``); ``chunk`` prompts per request; weights are
+    pushed through the app's ``transport`` channel (raypost.serve.channel). A
     request that fails with a replica error is retried up to ``max_attempts`` times, after
     ``backoff_s`` doubling per attempt (capped at 10x)."""
 
     def __init__(self, app_name: str = "rollout", weights_dir: str = "/dev/shm/raypost", max_attempts: int = 4,
-                 chunk: int = 1, handle: Any = None, backoff_s: float = 0.2) -> None:
+                 chunk: int = 1, handle: Any = None, backoff_s: float = 0.2, transport: str = "shm") -> None:
         if handle is None:
             from ray import serve
 
             handle = serve.get_app_handle(app_name)
         self.handle = handle
         self.weights_dir = weights_dir
+        self.channel = channel(transport, weights_dir)
         self.max_attempts, self.chunk, self.backoff_s = max_attempts, chunk, backoff_s
         self.retries = 0
 
@@ -67,7 +69,7 @@ class RolloutClient:
         """Publish ``state`` as ``version``; every replica loads it before its next request.
         Returns the seconds spent writing."""
         t0 = time.perf_counter()
-        weights.publish(self.weights_dir, version, state)
+        self.channel.publish(version, state)
         return time.perf_counter() - t0
 
     async def await_version(self, version: int, timeout_s: float = 120.0) -> None:

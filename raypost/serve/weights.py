@@ -18,6 +18,25 @@ import torch
 POINTER = "LATEST"
 
 
+class WeightsNotReachedError(RuntimeError):
+    """A replica served an older weight version than the learner had pushed before asking."""
+
+
+def check_served(served: int, pushed: int, weights_dir: str | Path) -> None:
+    """Raise when a sample was generated with weights older than the version pushed before its
+    request. Replicas read ``LATEST`` before every request, so this only happens when the push
+    does not reach them: most often a replica on another node than the learner's rank 0, whose
+    node-local ``weights_dir`` holds nothing (it would serve version 0 for ever, and a bounded-
+    staleness learner would wait for fresh groups that never come)."""
+    if served < pushed:
+        raise WeightsNotReachedError(
+            f"a rollout replica served weight version {served} after the learner had pushed version {pushed} "
+            f"to {weights_dir}: the pushed weights do not reach it. With rollout.weight_transport=shm, "
+            "rollout.weights_dir is read on the replica's own node: set rollout.weight_transport=object_store "
+            "(weights go through Ray's object store to any node), run every rollout replica on the node of "
+            "learner rank 0, or make rollout.weights_dir a directory that every node mounts")
+
+
 def publish(weights_dir: str | Path, version: int, state: Mapping[str, torch.Tensor], keep: int = 2) -> Path:
     """Write ``state`` as version ``version`` and point LATEST at it."""
     from safetensors.torch import save_file

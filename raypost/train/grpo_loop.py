@@ -27,6 +27,7 @@ from raypost.rl.tensors import collate, loss_tokens, sequences, token_logprobs
 from raypost.train import checkpointing
 from raypost.train.batches import micro_batches
 from raypost.train.engine import all_sum, backward_share, setup_learner
+from raypost.serve.channel import channel
 from raypost.train.sync import broadcast_from_rank0, push_weights
 from raypost.utils.metrics import MetricsLogger, Progress
 
@@ -105,7 +106,8 @@ def _start_producer(cfg: GRPOConfig, state: checkpointing.ControllerState, confi
         next(rows)
     controller = RolloutController(StalenessAdmission(cfg.async_rl.eta, cfg.algo.prompts_per_step),
                                    G.dynamic_sampling(cfg.algo), version=state.weight_version)
-    client = RolloutClient("rollout", config["weights_dir"], cfg.rollout.max_attempts, chunk=1)
+    client = RolloutClient("rollout", config["weights_dir"], cfg.rollout.max_attempts, chunk=1,
+                           transport=cfg.rollout.weight_transport)
     return RolloutProducer(controller, client, serve.get_app_handle("reward"), lambda: next(rows), cfg.algo).start()
 
 
@@ -120,8 +122,8 @@ def grpo_loop(config: dict[str, Any]) -> None:
     state = checkpointing.restore(engine)
     if rank == 0:
         checkpointing.rewind_on_start(config["run_dir"], state, "grpo")
-    zero, weights_dir = cfg.deepspeed.zero_stage, config["weights_dir"]
-    push_weights(engine, zero, state.weight_version, weights_dir, rank)  # replicas serve the restored weights
+    zero, chan = cfg.deepspeed.zero_stage, channel(cfg.rollout.weight_transport, config["weights_dir"])
+    push_weights(engine, zero, state.weight_version, chan, rank)  # replicas serve the restored weights
     producer = _start_producer(cfg, state, config) if rank == 0 else None
     logger = MetricsLogger(config["run_dir"], rank == 0, cfg.run.wandb_mode, run_name=cfg.run.name,
                            config=config["cfg"])
@@ -137,7 +139,7 @@ def grpo_loop(config: dict[str, Any]) -> None:
             metrics["train_s"] = time.perf_counter() - t1
             state.step, state.weight_version = state.step + 1, state.weight_version + 1
             state.cursor = broadcast_from_rank0(state.cursor, rank)
-            metrics["push_s"] = push_weights(engine, zero, state.weight_version, weights_dir, rank)
+            metrics["push_s"] = push_weights(engine, zero, state.weight_version, chan, rank)
             if producer is not None:
                 producer.advance(state.weight_version)
             tokens, waited = sum(len(s["ids"]) - s["start"] for s in seqs), waited + metrics["learner_wait_s"]

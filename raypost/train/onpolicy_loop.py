@@ -25,6 +25,8 @@ from raypost.algos.distill import KDParams, kd_loss, on_policy_reverse_kl
 from raypost.config.distill import DistillConfig
 from raypost.rewards.verifiers import answers_match
 from raypost.rl.tensors import collate, loss_tokens, token_logprobs
+from raypost.serve.channel import channel
+from raypost.serve.weights import check_served
 from raypost.train import checkpointing
 from raypost.train.batches import micro_batches
 from raypost.train.engine import all_sum, backward_share, setup_learner
@@ -34,14 +36,17 @@ from raypost.utils.metrics import MetricsLogger, Progress
 log = logging.getLogger("raypost.distill")
 
 
-def collect(ctx: dict[str, Any], cfg: DistillConfig) -> tuple[list[dict], dict[str, float]]:
-    """Rank 0: sample, have the teacher score, and build one dict per sequence."""
+def collect(ctx: dict[str, Any], cfg: DistillConfig, pushed: int) -> tuple[list[dict], dict[str, float]]:
+    """Rank 0: sample (with the weights of version ``pushed``, the last one published), have the
+    teacher score, and build one dict per sequence."""
     d = cfg.distill
     rows = [next(ctx["rows"]) for _ in range(d.prompts_per_step)]
     t0 = time.perf_counter()
     outs = ctx["student"].generate([r["prompt_ids"] for r in rows], d.samples_per_prompt,
                                    {"temperature": d.on_policy_temperature, "max_tokens": d.max_new_tokens})
     t1 = time.perf_counter()
+    for o in outs:
+        check_served(o["version"], pushed, ctx["student"].weights_dir)
     seqs = [{"ids": list(r["prompt_ids"]) + list(c["token_ids"]), "start": len(r["prompt_ids"]), "old": c["logprobs"],
              "adv": 0.0, "train": len(c["token_ids"]) > 0, "version": o["version"], "sample_id": f"{r['id']}#{i}",
              "correct": answers_match(c["text"], r["answer"], cfg.eval.extract)}
@@ -119,7 +124,8 @@ def _controller(cfg: DistillConfig, state: checkpointing.ControllerState, config
     for _ in range(state.cursor):  # prompts consumed before the checkpoint
         next(rows)
     return {"rows": rows, "teacher": serve.get_app_handle(config["teacher_app"]),
-            "student": RolloutClient(config["student_app"], config["weights_dir"], cfg.rollout.max_attempts)}
+            "student": RolloutClient(config["student_app"], config["weights_dir"], cfg.rollout.max_attempts,
+                                     transport=cfg.rollout.weight_transport)}
 
 
 def onpolicy_loop(config: dict[str, Any]) -> None:
@@ -132,21 +138,21 @@ def onpolicy_loop(config: dict[str, Any]) -> None:
     if rank == 0:
         checkpointing.rewind_on_start(config["run_dir"], state, "on_policy")
     ctx = _controller(cfg, state, config) if rank == 0 else None
-    zero, weights_dir = cfg.deepspeed.zero_stage, config["weights_dir"]
-    push_weights(engine, zero, state.weight_version, weights_dir, rank)
+    zero, chan = cfg.deepspeed.zero_stage, channel(cfg.rollout.weight_transport, config["weights_dir"])
+    push_weights(engine, zero, state.weight_version, chan, rank)
     logger = MetricsLogger(config["run_dir"], rank == 0, cfg.run.wandb_mode, run_name=cfg.run.name,
                            config=config["cfg"])
     progress = Progress(d.on_policy_steps, state.step, "on-policy distill")
     while state.step < d.on_policy_steps:
         t0 = time.perf_counter()
-        seqs, metrics = collect(ctx, cfg) if rank == 0 else (None, None)
+        seqs, metrics = collect(ctx, cfg, state.weight_version) if rank == 0 else (None, None)
         seqs, metrics = broadcast_from_rank0((seqs, metrics), rank)
         t1 = time.perf_counter()
         metrics.update(learn(engine, seqs[rank::world], cfg, tok.pad_token_id))
         state.step, state.weight_version = state.step + 1, state.weight_version + 1
         state.cursor += d.prompts_per_step
         metrics.update(train_s=time.perf_counter() - t1, phase="on_policy", weight_version=state.weight_version,
-                       push_s=push_weights(engine, zero, state.weight_version, weights_dir, rank),
+                       push_s=push_weights(engine, zero, state.weight_version, chan, rank),
                        staleness_max=max(state.weight_version - 1 - s["version"] for s in seqs))
         metrics["step_s"] = time.perf_counter() - t0
         if rank == 0:

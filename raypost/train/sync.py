@@ -8,7 +8,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from raypost.serve.weights import publish
+from raypost.serve.channel import WeightChannel
 from raypost.train.engine import full_state_dict
 
 
@@ -19,13 +19,13 @@ def broadcast_from_rank0(obj: Any, rank: int) -> Any:
     return box[0]
 
 
-def push_weights(engine: Any, zero_stage: int, version: int, weights_dir: str, rank: int) -> float:
-    """Gather the full weights and publish them as ``version`` (rank 0 writes); returns seconds."""
+def push_weights(engine: Any, zero_stage: int, version: int, chan: WeightChannel, rank: int) -> float:
+    """Gather the full weights and publish them as ``version`` (rank 0 publishes); returns seconds."""
     t0 = time.perf_counter()
     state = full_state_dict(engine, zero_stage)
     if rank == 0:
         tied = getattr(engine.module.config, "tie_word_embeddings", False)
-        publish(weights_dir, version, {k: v for k, v in state.items() if not (tied and k == "lm_head.weight")})
+        chan.publish(version, {k: v for k, v in state.items() if not (tied and k == "lm_head.weight")})
     if dist.is_initialized():
         dist.barrier()
     return time.perf_counter() - t0

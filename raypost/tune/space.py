@@ -110,6 +110,9 @@ class SchedulerSpec(StrictModel):
     quantile_fraction: float = Field(0.25, gt=0.0, le=0.5, description="PBT: bottom fraction that copies the top.")
     resample_probability: float = Field(0.25, ge=0.0, le=1.0, description="PBT: chance to resample instead of "
                                                                            "perturbing a value by 0.8x/1.2x.")
+    synch: bool = Field(False, description="PBT: synchronous, as in the paper: a trial that reaches a perturbation "
+                                           "point waits (paused, from its checkpoint) until every trial has, so "
+                                           "trials that run at different speeds still compare at equal steps.")
 
 
 class SearchSpec(StrictModel):

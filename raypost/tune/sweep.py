@@ -84,7 +84,7 @@ def scheduler(space: SpaceFile) -> Any:
         return PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=s.perturbation_interval,
                                        hyperparam_mutations={k: pbt_mutation(d) for k, d in space.params.items()},
                                        quantile_fraction=s.quantile_fraction,
-                                       resample_probability=s.resample_probability)
+                                       resample_probability=s.resample_probability, synch=s.synch)
     if s.type == "asha":
         return ASHAScheduler(time_attr="training_iteration", max_t=s.max_t, grace_period=s.grace_period,
                              reduction_factor=s.reduction_factor)

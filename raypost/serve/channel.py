@@ -1,0 +1,163 @@
+"""The weight channel: how the learner's rank 0 hands a new weight version to the rollout replicas.
+
+One interface, chosen by ``rollout.weight_transport``; the learner calls ``publish`` and each
+replica calls ``fetch`` before serving a request (it reloads when the version is newer):
+
+* ``shm``: rank 0 writes ``v<k>.safetensors`` and a ``LATEST`` pointer into ``weights_dir``,
+  node-local shared memory by default (``raypost.serve.weights``). The fastest on one node; a
+  replica on another node needs a ``weights_dir`` that every node mounts.
+* ``object_store``: rank 0 puts the weights into Ray's object store and files the reference
+  with a small named actor (the board), which keeps the version record. A replica on any node
+  pulls the newest version through Ray's object transfer and stages it in its own node's
+  ``weights_dir`` for its engine's workers. A replica that starts or restarts late pulls the
+  latest before its first request. The board is detached (a replica that dies does not take
+  the record with it) and is removed by ``close`` when the run ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import uuid
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from raypost.serve import weights
+
+NAMESPACE = "raypost"
+
+
+class WeightChannel(ABC):
+    """Versions of the policy's weights, from the learner's rank 0 to the replicas of one run."""
+
+    transport: str
+
+    def __init__(self, weights_dir: str) -> None:
+        self.weights_dir = weights_dir
+
+    @abstractmethod
+    def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
+        """Learner rank 0: make ``state`` the newest version."""
+
+    @abstractmethod
+    async def fetch(self, have: int) -> tuple[int, str | None]:
+        """Replica: (newest version, a local safetensors file holding it); (have, None) when the
+        replica already serves the newest version or nothing was published yet."""
+
+    def close(self) -> None:
+        """The run ended (called where the run was started): remove what the channel holds; the
+        pushed weights are in the checkpoints."""
+        shutil.rmtree(self.weights_dir, ignore_errors=True)
+
+    def release(self) -> None:
+        """A replica stops: remove what it staged on its node (nothing, unless it staged)."""
+
+
+class ShmChannel(WeightChannel):
+    transport = "shm"
+
+    def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
+        weights.publish(self.weights_dir, version, state)
+
+    async def fetch(self, have: int) -> tuple[int, str | None]:
+        version, path = weights.latest(self.weights_dir)
+        return (have, None) if version == have or path is None else (version, path)
+
+
+class WeightBoard:
+    """The object-store channel's version record: the newest versions' object refs (each inside
+    a list, so Ray hands the ref itself to callers), as a Ray actor."""
+
+    def __init__(self, keep: int = 2) -> None:
+        self.keep = keep
+        self.versions: dict[int, list[Any]] = {}
+
+    def put(self, version: int, boxed_ref: list[Any]) -> None:
+        self.versions[version] = boxed_ref
+        for old in [v for v in self.versions if v <= version - self.keep]:
+            del self.versions[old]
+
+    def latest(self) -> tuple[int, list[Any] | None]:
+        if not self.versions:
+            return 0, None
+        newest = max(self.versions)
+        return newest, self.versions[newest]
+
+
+class ObjectStoreChannel(WeightChannel):
+    transport = "object_store"
+
+    def __init__(self, weights_dir: str) -> None:
+        super().__init__(weights_dir)
+        self.name = f"raypost-weights:{weights_dir}"
+        self.stage = Path(weights_dir) / f"stage-{uuid.uuid4().hex[:8]}"  # this replica's, on its node
+        self._board: Any = None
+        self._staging = asyncio.Lock()
+        self._staged: tuple[int, str | None] = (-1, None)
+
+    def _created_board(self) -> Any:
+        """The board, created by the first publish (replicas only look it up)."""
+        import ray
+
+        if self._board is None:
+            self._board = ray.remote(WeightBoard).options(
+                name=self.name, namespace=NAMESPACE, get_if_exists=True, lifetime="detached", num_cpus=0,
+                max_restarts=0).remote()
+        return self._board
+
+    def _found_board(self) -> Any:
+        import ray
+
+        if self._board is None:
+            try:
+                self._board = ray.get_actor(self.name, namespace=NAMESPACE)
+            except ValueError:  # nothing published yet
+                return None
+        return self._board
+
+    def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
+        import ray
+
+        board = self._created_board()
+        cpu = {k: v.detach().contiguous().cpu() for k, v in state.items()}
+        # Owned by this process (the learner's rank 0, alive for the whole run; a restarted learner
+        # republishes its restored version before any request). Ray 2.56 removed ray.put(_owner=).
+        ray.get(board.put.remote(version, [ray.put(cpu)]))
+
+    async def fetch(self, have: int) -> tuple[int, str | None]:
+        board = self._found_board()
+        if board is None:
+            return have, None
+        version, boxed = await board.latest.remote()
+        if version == have or boxed is None:
+            return have, None
+        async with self._staging:  # concurrent requests stage each version once
+            if self._staged[0] != version:
+                state = await boxed[0]
+                # Staged on this node: the engine's worker processes reload from a file.
+                path = await asyncio.to_thread(weights.publish, self.stage, version, state)
+                self._staged = (version, str(path))
+        return self._staged
+
+    def close(self) -> None:
+        import ray
+
+        try:
+            ray.kill(ray.get_actor(self.name, namespace=NAMESPACE))
+        except ValueError:  # never created, or already gone
+            pass
+        super().close()
+
+    def release(self) -> None:
+        shutil.rmtree(self.stage, ignore_errors=True)
+
+
+CHANNELS: dict[str, type[WeightChannel]] = {"shm": ShmChannel, "object_store": ObjectStoreChannel}
+
+
+def channel(transport: str, weights_dir: str | Path) -> WeightChannel:
+    """The ``transport`` channel of the run whose pushed weights live under ``weights_dir``."""
+    return CHANNELS[transport](str(weights_dir))
