@@ -334,3 +334,17 @@ def test_a_push_that_never_reaches_the_replicas_fails_the_run_with_the_fix():
             p.take()
     finally:
         p.stop()
+
+
+def test_weight_board_serves_the_last_publish_even_an_older_version():
+    """A learner that resumes from an earlier checkpoint republishes an older version; replicas
+    must go back to it (as shm's LATEST does), and only the last two publishes are kept."""
+    from raypost.serve.channel import WeightBoard
+
+    board = WeightBoard(keep=2)
+    assert board.latest() == (0, None)
+    for version in (1, 2, 3):
+        board.put(version, [f"ref{version}"])
+    assert board.latest() == (3, ["ref3"])
+    board.put(2, ["ref2-resumed"])
+    assert board.latest() == (2, ["ref2-resumed"]) and len(board.published) == 2

@@ -68,23 +68,20 @@ class ShmChannel(WeightChannel):
 
 
 class WeightBoard:
-    """The object-store channel's version record: the newest versions' object refs (each inside
-    a list, so Ray hands the ref itself to callers), as a Ray actor."""
+    """The object-store channel's version record, as a Ray actor: the last published version
+    (also an older one, when a learner resumes from an earlier checkpoint, as shm's LATEST) and
+    the object refs of the last ``keep`` publishes (each inside a list, so Ray hands callers the
+    ref itself)."""
 
     def __init__(self, keep: int = 2) -> None:
         self.keep = keep
-        self.versions: dict[int, list[Any]] = {}
+        self.published: list[tuple[int, list[Any]]] = []
 
     def put(self, version: int, boxed_ref: list[Any]) -> None:
-        self.versions[version] = boxed_ref
-        for old in [v for v in self.versions if v <= version - self.keep]:
-            del self.versions[old]
+        self.published = [*self.published, (version, boxed_ref)][-self.keep:]
 
     def latest(self) -> tuple[int, list[Any] | None]:
-        if not self.versions:
-            return 0, None
-        newest = max(self.versions)
-        return newest, self.versions[newest]
+        return self.published[-1] if self.published else (0, None)
 
 
 class ObjectStoreChannel(WeightChannel):
