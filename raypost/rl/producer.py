@@ -137,7 +137,7 @@ class RolloutProducer:
                 pushed = self.ctl.running.get(ticket, 0)  # the learner's version when this group was admitted
             out = (await self.client.agenerate([row["prompt_ids"]], self.algo.group_size, G.sampling(self.algo)))[0]
             group, t1 = G.to_group(row, out), time.perf_counter()
-            check_served(group.version, pushed, getattr(self.client, "weights_dir", "rollout.weights_dir"))
+            check_served(group.version, pushed, self.client.weights_dir)
             scores = await self.reward.score.remote(*G.reward_args([group]))
             G.apply_scores([group], scores, self.algo)
             group.timing = {"gen_start": t0, "gen_end": t1, "reward_s": time.perf_counter() - t1}
