@@ -60,14 +60,12 @@ def main(argv: list[str]) -> dict:
     from raypost.config import ModelConfig
     from raypost.phases import data as data_phase
     from raypost.phases import distill as distill_phase
-    from raypost.utils.cluster import check_resources
     from raypost.utils.report import plot_curves, write_report
 
     log = logging.getLogger("raypost")
     t0 = time.time()
     run_dir = data_phase.start_run(cfg)
-    check_resources({"resources (learner) or the teacher (distill.teacher_cpus, rollout)":
-                     distill_phase.peak_request(cfg)})
+    distill_phase.check_placement(cfg)
 
     # Data, tokenized with the teacher's tokenizer (the tiny teacher's base is built from the data).
     teacher_base, data = data_phase.prepare(cfg.data, ModelConfig(path=cfg.teacher.path, tiny=cfg.teacher.tiny),

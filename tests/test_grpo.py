@@ -1,7 +1,9 @@
-"""GRPO end to end, submitted as a Ray job to a head this test starts (own temp dir and ports,
-stopped by its process group): SFT warm-up, vLLM rollouts on Serve, rewards from the reward
-service, DeepSpeed learner, versioned weight pushes; GRPO learning, as a held-out accuracy gain
-over the SFT warm-up; then a re-submission that resumes, asynchronous and with a reward model."""
+"""GRPO end to end, submitted as a Ray job to a cluster this test starts (own temp dir and ports,
+stopped by its process group): a head and two worker nodes on this machine, the learner pinned to
+one and the vLLM replicas to the other through custom resources, so the weights cross nodes (Ray's
+object store). SFT warm-up, vLLM rollouts on Serve, rewards from the reward service, DeepSpeed
+learner, versioned weight pushes; GRPO learning, as a held-out accuracy gain over the SFT warm-up;
+then a re-submission that resumes, asynchronous and with a reward model."""
 
 from __future__ import annotations
 
@@ -9,29 +11,39 @@ import json
 import shutil
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
+from raypost.utils.local_head import LocalHead
 from tests.conftest import ROOT
 
 LEARN_STEPS = 30
 STEP_KEYS = ("reward_mean", "reward_std", "accuracy", "clip_frac", "entropy", "response_len",
              "generate_s", "reward_s", "train_s", "push_s", "staleness_p50", "staleness_p99", "learner_wait_frac",
-             "producer_wait_frac", "dropped_stale", "behav_ratio_mean")
+             "producer_wait_frac", "dropped_stale", "groups_failed", "behav_ratio_mean")
+# The learner's workers request one of these, the rollout replicas the other: two node groups.
+PINNED = ["--resources.ray_resources.learner_node", "1", "--rollout.ray_resources.rollout_node", "1"]
+
+
+@dataclass
+class Nodes:
+    head: LocalHead
+    learner: str  # node ids
+    rollout: str
 
 
 @pytest.fixture(scope="module")
-def head():
-    from raypost.utils.local_head import LocalHead
-
-    with LocalHead(num_cpus=4) as h:
-        yield h
-    shutil.rmtree(h.temp_dir, ignore_errors=True)
+def cluster():
+    """A head (2 CPUs), node A (2 CPUs, ``learner_node``) and node B (2 CPUs, ``rollout_node``)."""
+    with LocalHead(num_cpus=2) as h:  # removes its temp dir on exit
+        yield Nodes(h, h.add_node(2, {"learner_node": 4}), h.add_node(2, {"rollout_node": 4}))
 
 
-def submit(head, args: list[str], timeout: float = 1500) -> str:
+def submit(head: LocalHead, args: list[str], timeout: float = 1500) -> str:
     """``ray job submit --working-dir <repo> -- <venv python> pipelines/grpo.py ARGS``; returns its output."""
     cmd = [str(Path(sys.executable).with_name("ray")), "job", "submit", "--address", head.dashboard_url,
            "--working-dir", str(ROOT), "--", sys.executable, "pipelines/grpo.py", *args]
@@ -40,12 +52,21 @@ def submit(head, args: list[str], timeout: float = 1500) -> str:
     return proc.stdout
 
 
-def serve_apps(head) -> set[str]:
+def serve_apps(head: LocalHead) -> set[str]:
     """Names of the Serve apps on the head's cluster (``serve status``)."""
     cmd = [str(Path(sys.executable).with_name("serve")), "status", "-a", head.dashboard_url]
     proc = subprocess.run(cmd, env=head.env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return set((yaml.safe_load(proc.stdout) or {}).get("applications") or {})
+
+
+def actor_nodes(head: LocalHead, class_name: str) -> set[str]:
+    """Node ids of every actor of ``class_name`` this cluster ran (dead ones too)."""
+    cmd = [str(Path(sys.executable).with_name("ray")), "list", "actors", "--format", "json", "--address", head.address,
+           "--filter", f"class_name={class_name}", "--limit", "10000"]
+    proc = subprocess.run(cmd, env=head.env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {a["node_id"] for a in json.loads(proc.stdout)}
 
 
 def grpo_rows(run: Path) -> list[dict]:
@@ -55,7 +76,7 @@ def grpo_rows(run: Path) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # two jobs
-def test_grpo_job_learns_then_resumes_async_with_a_reward_model(head, tmp_path, untrained_reward_model):
+def test_grpo_job_learns_then_resumes_async_with_a_reward_model(cluster, tmp_path, untrained_reward_model):
     """GRPO learns, measured as the issue asks (held-out greedy accuracy goes up), in a job
     submitted with ``ray job submit``; the same job re-submitted with a longer budget resumes
     after the last step, asynchronous and with a reward model added.
@@ -69,7 +90,9 @@ def test_grpo_job_learns_then_resumes_async_with_a_reward_model(head, tmp_path, 
     weights = Path(f"/dev/shm/raypost-test-{tmp_path.name}")
     args = ["--run.storage_path", str(tmp_path), "--run.name", "g", "--run.wandb_mode", "disabled",
             "--run.checkpoint_every", "1000", "--data.synthetic.max_operand", "5", "--data.synthetic.num_train", "6000",
-            "--warmup.train.epochs", "1", "--optim.lr", "1e-4", "--rollout.weights_dir", str(weights)]
+            "--warmup.train.epochs", "1", "--optim.lr", "1e-4", "--rollout.weights_dir", str(weights),
+            "--rollout.weight_transport", "object_store", *PINNED]
+    head = cluster.head
     submit(head, [*args, "--algo.steps", str(LEARN_STEPS)], timeout=2200)
     run = tmp_path / "g"
     first = json.loads((run / "report.json").read_text())
@@ -84,6 +107,10 @@ def test_grpo_job_learns_then_resumes_async_with_a_reward_model(head, tmp_path, 
     assert after >= before + 0.05, (before, after)
     # The finished job took its rollout and reward apps and its pushed weights with it.
     assert serve_apps(head) == set() and not (weights / "g").exists()
+    # Every learner worker (warm-up and GRPO) ran on node A, every rollout replica on node B: the
+    # pushed weights crossed nodes, and behav_ratio_mean (below) shows they arrived whole.
+    assert actor_nodes(head, "RayTrainWorker") == {cluster.learner}
+    assert actor_nodes(head, "ServeReplica:rollout:RolloutServer") == {cluster.rollout}
 
     # Re-submitting with a longer budget resumes after the last step: the warm-up is not redone,
     # 3 more steps are trained from new prompts and weight versions continue. The resumed run is
@@ -102,7 +129,7 @@ def test_grpo_job_learns_then_resumes_async_with_a_reward_model(head, tmp_path, 
         for key in STEP_KEYS:
             assert key in r, key
         assert ("kl" in r) == (beta > 0), "the KL to the reference is logged exactly when it is in the loss"
-        assert r["dropped_stale"] == 0
+        assert r["dropped_stale"] == 0 and r["groups_failed"] == 0
     for r in grpo[:LEARN_STEPS]:
         assert r["staleness_max"] == 0  # synchronous: every sample from the current version
         # The learner's log-probs equal the replicas' behaviour log-probs of the same version, so
@@ -122,6 +149,22 @@ def test_grpo_job_learns_then_resumes_async_with_a_reward_model(head, tmp_path, 
     prompts = [p.split("#")[0] for t in trained for p in t["ids"]]
     assert len(set(prompts)) == total * first["config"]["algo"]["prompts_per_step"], \
         "each step draws new prompts; none is replayed after the resume"
+
+
+@pytest.mark.slow
+def test_shm_weights_to_replicas_on_another_node_fail_before_anything_starts(cluster, tmp_path):
+    """Node-local shm weights with the learner and the replicas pinned to different nodes would
+    leave the replicas serving version 0 for ever: the job fails at once and names the fix."""
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "pipelines/grpo.py", "--run.storage_path", str(tmp_path), "--run.wandb_mode",
+                           "disabled", "--rollout.weight_transport", "shm", *PINNED],
+                          cwd=ROOT, env=cluster.head.env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and time.time() - t0 < 60
+    err = proc.stderr.strip().splitlines()[-1]
+    assert err.startswith("raypost: no node can hold both a learner worker"), proc.stderr[-3000:]
+    for fix in ("rollout.weight_transport=object_store", "rollout.ray_resources", "rollout.shared_weights_dir=true"):
+        assert fix in err
+    assert not list(tmp_path.glob("*/base_model")), "it failed before the data phase"
 
 
 def test_a_failed_run_removes_its_serve_apps(monkeypatch, tmp_path):

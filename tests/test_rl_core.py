@@ -134,11 +134,15 @@ class FakeReward:
     """The reward app's handle: sample 0 of a row scores 1, the others 0; ``flat`` rows score 0
     everywhere (no learning signal); ``broken`` makes every call raise."""
 
-    def __init__(self, flat: set[int] = frozenset(), broken: bool = False) -> None:
-        self.flat, self.broken = flat, broken
+    def __init__(self, flat: set[int] = frozenset(), broken: bool = False, fail: list[Exception] | None = None) -> None:
+        self.flat, self.broken, self.fail = flat, broken, fail or []
+        self.calls = 0
         self.score = _Remote(self._score)
 
     async def _score(self, prompts: list[str], completions: list[str], answers: list[str]) -> dict:
+        self.calls += 1
+        if self.fail:
+            raise self.fail.pop(0)
         if self.broken:
             raise ValueError("reward function 'accuracy' failed")
         rewards = []
@@ -209,19 +213,32 @@ def test_producer_eta1_runs_one_batch_ahead_and_no_further():
 
 
 @pytest.mark.timeout(10)
-def test_producer_retries_replica_errors_and_surfaces_other_errors():
+def test_producer_retries_replica_errors_of_rollout_and_reward():
     handle = FakeRollout(fail={1: [ActorDiedError("replica 1 died"), ActorDiedError("again")]})
-    p = producer(handle=handle)
+    reward = FakeReward(fail=[ActorDiedError("reward replica died")])
+    p = producer(handle=handle, reward=reward)
     try:
         assert ids(p.take()[0]) == [0, 1]
         assert p.client.retries == 2 and handle.calls.count(1) == 3
+        assert reward.calls == 3 and p.stats()["groups_failed"] == 0  # 2 groups, one reward call retried
     finally:
         p.stop()
+
+
+@pytest.mark.timeout(10)
+def test_failed_groups_are_dropped_and_replaced_within_their_budget_then_end_the_run():
+    # A request that fails for good (not a replica error, so not retried) drops its group; the
+    # next prompt takes its slot, and the run reports it.
     p = producer(handle=FakeRollout(fail={0: [KeyError("bad request")]}))
+    try:
+        assert ids(p.take()[0]) == [1, 2] and p.stats()["groups_failed"] == 1
+    finally:
+        p.stop()
+    p = producer(handle=FakeRollout(fail={0: [KeyError("bad")], 1: [KeyError("bad")]}), max_failed_groups=1)
     with pytest.raises(RuntimeError, match="rollout producer failed: KeyError"):
         p.take()
     p.stop()
-    p = producer(reward=FakeReward(broken=True))
+    p = producer(reward=FakeReward(broken=True), max_failed_groups=0)
     with pytest.raises(RuntimeError, match="reward function 'accuracy' failed"):
         p.take()
     p.stop()

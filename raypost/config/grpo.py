@@ -47,6 +47,10 @@ class AlgoConfig(StrictModel):
     dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards are all equal and refill.")
     max_refill_rounds: int = Field(3, ge=0, le=100, description="Dynamic sampling: at most this many x prompts_per_step "
                                                 "all-equal groups are dropped (and replaced) per trained batch.")
+    max_failed_groups: int = Field(
+        16, ge=0, le=1_000_000, description="Groups whose generation or scoring still fails after the clients' retries "
+                                            "are dropped and replaced, up to this many per run (reported as "
+                                            "groups_failed); one more ends the run.")
     overlong: Literal["none", "filter", "penalty"] = Field(
         "none", description="DAPO: truncated samples are masked out (filter) or penalized (penalty).")
     overlong_penalty: float = Field(1.0, ge=0.0, le=100.0, description="Penalty for a truncated sample.")

@@ -27,6 +27,21 @@ def model_path(value: str | None) -> str | None:
     return absolute_if_local(value)
 
 
+BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+def check_ray_resources(value: dict[str, float]) -> dict[str, float]:
+    """Ray custom resources ({name: amount}) a learner worker or a replica requests, to pin it to
+    the node group that advertises them (``ray start --resources '{"learner": 4}'``)."""
+    for key, amount in value.items():
+        if key in BUILTIN_RESOURCES or not key:
+            raise ValueError(f"{key!r} is not a custom resource: CPUs and GPUs have their own fields (cpus_per_*, "
+                             "gpus_per_*); ray_resources names custom resources, e.g. {learner_node: 1}")
+        if not 0 < amount <= 1e6:
+            raise ValueError(f"ray_resources.{key} = {amount}: amounts must be in (0, 1e6]")
+    return value
+
+
 class TinyModelConfig(StrictModel):
     """The offline model built from config: Qwen2 architecture, tokenizer trained locally."""
 
@@ -173,6 +188,11 @@ class ResourcesConfig(StrictModel):
     cpus_per_worker: float = Field(0.5, gt=0.0, le=1024, description="Logical CPUs reserved per worker.")
     gpus_per_worker: float = Field(0.0, ge=0.0, le=16, description="GPUs per worker; >0 uses NCCL instead of gloo.")
     torch_threads: int | None = Field(None, ge=1, le=1024, description="torch intra-op threads per worker (default: cores/workers).")
+    ray_resources: dict[str, float] = Field(
+        default_factory=dict, description="Ray custom resources each worker requests, to pin the learner to the nodes "
+                                          "that advertise them, e.g. {learner_node: 1}.")
+
+    _ray_resources = field_validator("ray_resources")(check_ray_resources)
 
 
 class RunConfig(StrictModel):

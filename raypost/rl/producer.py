@@ -22,7 +22,8 @@ from typing import Any, Callable
 from raypost.config.grpo import AlgoConfig
 from raypost.rl import groups as G
 from raypost.rl.controller import RolloutController
-from raypost.serve.weights import check_served
+from raypost.serve.rollout_client import with_retries
+from raypost.serve.weights import WeightsNotReachedError, check_served
 
 log = logging.getLogger("raypost.producer")
 
@@ -69,6 +70,7 @@ class RolloutProducer:
         with self.cond:
             return {"in_flight": len(self.ctl.running), "buffered": sum(g is not None for g in self.ctl.done.values()),
                     "dropped_stale": self.ctl.dropped_stale, "groups_dropped": self.ctl.dropped_filtered,
+                    "groups_failed": self.ctl.failed,
                     "producer_wait_frac": self.capacity_wait_s / max(time.perf_counter() - self.started, 1e-9)}
 
     def stop(self) -> None:
@@ -138,7 +140,9 @@ class RolloutProducer:
             out = (await self.client.agenerate([row["prompt_ids"]], self.algo.group_size, G.sampling(self.algo)))[0]
             group, t1 = G.to_group(row, out), time.perf_counter()
             check_served(group.version, pushed, self.client.weights_dir)
-            scores = await self.reward.score.remote(*G.reward_args([group]))
+            args = G.reward_args([group])
+            scores = await with_retries(lambda: self.reward.score.remote(*args), "reward",
+                                        self.client.max_attempts, self.client.backoff_s)
             G.apply_scores([group], scores, self.algo)
             group.timing = {"gen_start": t0, "gen_end": t1, "reward_s": time.perf_counter() - t1}
             with self.cond:
@@ -147,9 +151,15 @@ class RolloutProducer:
             self._wake.set()  # a dropped group frees capacity: admit its refill now, not at the next poll
         except asyncio.CancelledError:
             raise
-        except BaseException as err:  # noqa: BLE001 - surfaced to the learner by take()
-            log.error("rollout group %d failed: %r", ticket, err)
+        except BaseException as err:  # noqa: BLE001 - dropped within the budget, else surfaced to the learner by take()
             with self.cond:
-                self.error = err
+                fatal = not isinstance(err, Exception) or isinstance(err, WeightsNotReachedError)
+                if fatal or self.ctl.failed >= self.algo.max_failed_groups:
+                    log.error("rollout group %d failed: %r", ticket, err)
+                    self.error = err
+                else:
+                    self.ctl.fail(ticket)
+                    log.warning("rollout group %d failed and is dropped (%d of algo.max_failed_groups=%d): %r",
+                                ticket, self.ctl.failed, self.algo.max_failed_groups, err)
                 self.cond.notify_all()
             self._notify()

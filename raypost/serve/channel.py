@@ -155,6 +155,23 @@ class ObjectStoreChannel(WeightChannel):
 CHANNELS: dict[str, type[WeightChannel]] = {"shm": ShmChannel, "object_store": ObjectStoreChannel}
 
 
+SHM_APART = ("rollout.weight_transport=shm writes the weights into learner rank 0's node-local "
+             "rollout.weights_dir, which a replica on another node cannot read. Set "
+             "rollout.weight_transport=object_store (weights go through Ray's object store to any node), let "
+             "resources.ray_resources and rollout.ray_resources share a node, or, when rollout.weights_dir is a "
+             "mount every node shares, set rollout.shared_weights_dir=true")
+
+
+def check_weight_path(rollout: Any, learner_worker: Mapping[str, float], replica: Mapping[str, float]) -> None:
+    """Before anything starts: with node-local shm the replicas must be able to share learner
+    rank 0's node. (A run whose replicas still land elsewhere fails at its first stale group,
+    ``weights.check_served``.)"""
+    if rollout.weight_transport == "shm" and not rollout.shared_weights_dir:
+        from raypost.utils.cluster import check_same_node_possible
+
+        check_same_node_possible(learner_worker, replica, SHM_APART)
+
+
 def channel(transport: str, weights_dir: str | Path) -> WeightChannel:
     """The ``transport`` channel of the run whose pushed weights live under ``weights_dir``."""
     return CHANNELS[transport](str(weights_dir))

@@ -129,8 +129,10 @@ class RewardService:
 
 def build_app(cfg: RewardServiceConfig) -> serve.Application:
     """The bound reward app with replicas/autoscaling and CPUs from config."""
-    options: dict[str, Any] = {"ray_actor_options": {"num_cpus": cfg.cpus_per_replica},
-                               "max_ongoing_requests": cfg.max_ongoing_requests}
+    actor: dict[str, Any] = {"num_cpus": cfg.cpus_per_replica}
+    if cfg.ray_resources:
+        actor["resources"] = dict(cfg.ray_resources)
+    options: dict[str, Any] = {"ray_actor_options": actor, "max_ongoing_requests": cfg.max_ongoing_requests}
     if cfg.autoscale_max_replicas:
         options["autoscaling_config"] = {"min_replicas": 1, "max_replicas": cfg.autoscale_max_replicas,
                                          "target_ongoing_requests": cfg.target_ongoing_requests}

@@ -47,17 +47,46 @@ class CompletionRequest(Sampling):
     n: int = Field(1, ge=1, le=1024)
 
 
-def _cpu_bind(cfg: RolloutConfig) -> None:
-    """Give this replica its own cores: replica r of R on a node gets cores [r*k, (r+1)*k)."""
-    if cfg.gpus_per_replica > 0 or not cfg.cpu_bind or "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
-        return
+def _cpu_engine_env(cfg: RolloutConfig) -> None:
+    """A CPU replica runs vLLM's worker inside its engine-core process: uniproc executor, which
+    vLLM keeps on CPU only with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``. That is one spawned process
+    (and one vLLM import, ~13 s of CPU) fewer per replica, and generation is as fast
+    (benchmarks/RESULTS.md, "vLLM on CPU: one engine process"). vLLM binds OpenMP threads only for
+    its multiprocess executor, so the binding (``_replica_cores``) is set here through OpenMP's own
+    variables, which the engine process inherits."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # Idle OpenMP threads sleep instead of spinning, so a learner or another replica on the same
+    # cores gets them between kernels. benchmarks/omp_wait_policy.py measures it.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.kv_cache_gb))))
+    mine = _replica_cores(cfg)
+    if mine:
+        os.environ.update({"OMP_NUM_THREADS": str(len(mine)), "OMP_PROC_BIND": "true",
+                           "OMP_PLACES": "{" + ",".join(map(str, mine)) + "}"})
+
+
+def _replica_cores(cfg: RolloutConfig) -> list[int] | None:
+    """The cores this replica's engine uses: ``VLLM_CPU_OMP_THREADS_BIND`` when set to a core list
+    ("0-3,6"; "nobind" = no binding), else with ``cpu_bind`` replica r of R on a node gets cores
+    [r*k, (r+1)*k) (vLLM's 'auto' would have put every replica on the same cores), else None."""
+    user = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
+    if user == "nobind":
+        return None
+    if user != "auto":
+        return [c for part in user.split(",") for c in _core_range(part)]
+    if not cfg.cpu_bind:
+        return None
     ctx = serve.get_replica_context()
     cores = sorted(os.sched_getaffinity(0))
     local = ctx.rank.local_rank if ctx.rank is not None else 0
     per = max(1, len(cores) // max(1, ctx.world_size))
     start = (local * per) % len(cores)
-    mine = cores[start:start + per]
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"{mine[0]}-{mine[-1]}" if len(mine) > 1 else str(mine[0])
+    return cores[start:start + per]
+
+
+def _core_range(part: str) -> range:
+    lo, _, hi = part.strip().partition("-")
+    return range(int(lo), int(hi or lo) + 1)
 
 
 @serve.deployment
@@ -65,18 +94,16 @@ def _cpu_bind(cfg: RolloutConfig) -> None:
 class RolloutServer:
     def __init__(self, model_path: str, config: dict[str, Any]) -> None:
         self.cfg = RolloutConfig.model_validate(config)
-        _cpu_bind(self.cfg)
         if self.cfg.gpus_per_replica == 0:
-            # Idle OpenMP threads sleep instead of spinning, so a learner or another replica on the
-            # same cores gets them between kernels (the engine processes spawned below read it).
-            # benchmarks/omp_wait_policy.py measures it.
-            os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(self.cfg.kv_cache_gb))))
+            _cpu_engine_env(self.cfg)
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         args = AsyncEngineArgs(model=resolve(model_path), dtype=self.cfg.dtype, max_model_len=self.cfg.max_model_len,
-                               max_num_seqs=self.cfg.max_num_seqs, enforce_eager=True, seed=self.cfg.seed,
+                               max_num_seqs=self.cfg.max_num_seqs, enforce_eager=self.cfg.enforce_eager,
+                               seed=self.cfg.seed, tensor_parallel_size=self.cfg.tensor_parallel_size,
+                               # tp > 1: the engine's workers are Ray actors in the replica's placement group
+                               distributed_executor_backend="ray" if self.cfg.tensor_parallel_size > 1 else None,
                                worker_extension_cls=EXTENSION, logprobs_mode="processed_logprobs",
                                gpu_memory_utilization=self.cfg.gpu_memory_utilization)
         self.engine = AsyncLLM.from_engine_args(args)
@@ -199,7 +226,14 @@ class RolloutServer:
 
 def build_app(model_path: str, cfg: RolloutConfig) -> serve.Application:
     resources: dict[str, Any] = {"num_cpus": cfg.cpus_per_replica}
-    if cfg.gpus_per_replica:
+    if cfg.ray_resources:
+        resources["resources"] = dict(cfg.ray_resources)
+    placement: dict[str, Any] = {}
+    if cfg.tensor_parallel_size > 1:
+        # The replica actor in bundle 0, one GPU bundle per engine worker, all on one node.
+        placement = {"placement_group_bundles": [{"CPU": cfg.cpus_per_replica, **cfg.ray_resources}]
+                     + [{"GPU": 1.0}] * cfg.tensor_parallel_size, "placement_group_strategy": "STRICT_PACK"}
+    elif cfg.gpus_per_replica:
         resources["num_gpus"] = cfg.gpus_per_replica
     if cfg.autoscale_max_replicas is None:
         scale: dict[str, Any] = {"num_replicas": cfg.num_replicas}
@@ -209,5 +243,5 @@ def build_app(model_path: str, cfg: RolloutConfig) -> serve.Application:
         scale = {"autoscaling_config": autoscaling_config(cfg.num_replicas, cfg.autoscale_max_replicas,
                                                           cfg.target_ongoing_requests, cfg.upscale_delay_s,
                                                           cfg.downscale_delay_s)}
-    return RolloutServer.options(**scale, ray_actor_options=resources,
+    return RolloutServer.options(**scale, **placement, ray_actor_options=resources,
                                  max_ongoing_requests=1024).bind(model_path, cfg.model_dump(mode="json"))

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 import torch
 
 from raypost.serve.channel import channel
 
 log = logging.getLogger("raypost.rollout")
+T = TypeVar("T")
 
 # Errors that mean "this request's replica is gone or unreachable", worth a retry elsewhere.
 RETRYABLE = ("RayActorError", "ActorDiedError", "ActorUnavailableError", "RayServeException",
@@ -22,6 +23,24 @@ RETRYABLE = ("RayActorError", "ActorDiedError", "ActorUnavailableError", "RaySer
 
 def _retryable(err: BaseException) -> bool:
     return any(t.__name__ in RETRYABLE for t in type(err).__mro__)
+
+
+async def with_retries(call: Callable[[], Awaitable[T]], what: str, max_attempts: int, backoff_s: float,
+                       on_retry: Callable[[], None] | None = None) -> T:
+    """``await call()``; a replica error (``RETRYABLE``) is retried up to ``max_attempts`` tries in
+    all, after ``backoff_s`` doubling per attempt (capped at 10x). Other errors raise at once."""
+    for attempt in range(1, max_attempts + 1):
+        try:
+            return await call()
+        except Exception as err:  # noqa: BLE001 - classified below
+            if not _retryable(err) or attempt == max_attempts:
+                raise
+            if on_retry is not None:
+                on_retry()
+            log.warning("%s request failed (%s); retry %d/%d on another replica", what, type(err).__name__, attempt,
+                        max_attempts - 1)
+            await asyncio.sleep(min(10 * backoff_s, backoff_s * 2 ** attempt))
+    raise AssertionError("unreachable")
 
 
 class RolloutClient:
@@ -44,17 +63,11 @@ class RolloutClient:
         self.retries = 0
 
     async def _one(self, prompts: list[list[int]], n: int, sampling: dict) -> list[dict]:
-        for attempt in range(1, self.max_attempts + 1):
-            try:
-                return await self.handle.generate.remote(prompts, n, sampling)
-            except Exception as err:  # noqa: BLE001 - classified below
-                if not _retryable(err) or attempt == self.max_attempts:
-                    raise
-                self.retries += 1
-                log.warning("rollout request failed (%s); retry %d/%d on another replica",
-                            type(err).__name__, attempt, self.max_attempts - 1)
-                await asyncio.sleep(min(10 * self.backoff_s, self.backoff_s * 2 ** attempt))
-        raise AssertionError("unreachable")
+        return await with_retries(lambda: self.handle.generate.remote(prompts, n, sampling), "rollout",
+                                  self.max_attempts, self.backoff_s, self._count_retry)
+
+    def _count_retry(self) -> None:
+        self.retries += 1
 
     async def agenerate(self, prompt_ids: Sequence[Sequence[int]], n: int, sampling: Mapping[str, Any]) -> list[dict]:
         """n completions per prompt, in prompt order; requests run concurrently."""

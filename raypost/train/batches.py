@@ -58,6 +58,11 @@ def _teacher_columns(rows: Sequence[dict[str, Any]], t: int) -> dict[str, torch.
     return {"teacher_ids": ids, "teacher_logprobs": logp}
 
 
+def to_device(batch: dict[str, torch.Tensor], device: torch.device | str) -> dict[str, torch.Tensor]:
+    """Every tensor of ``batch`` on the learner's device (``engine.device``); a no-op on CPU."""
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
 def rank_slice(batch: dict[str, np.ndarray], rank: int, world: int) -> list[dict[str, Any]]:
     """This rank's rows of a global batch (rows rank, rank+world, ...)."""
     n = len(next(iter(batch.values())))

@@ -25,7 +25,7 @@ from raypost.rl.controller import RolloutController, StalenessAdmission
 from raypost.rl.producer import RolloutProducer
 from raypost.rl.tensors import collate, loss_tokens, sequences, token_logprobs
 from raypost.train import checkpointing
-from raypost.train.batches import micro_batches
+from raypost.train.batches import micro_batches, to_device
 from raypost.train.engine import all_sum, backward_share, setup_learner
 from raypost.serve.channel import channel
 from raypost.train.sync import broadcast_from_rank0, push_weights
@@ -47,7 +47,7 @@ def _learn(engine: Any, ref: Any, rows: list[dict], cfg: GRPOConfig, pad_id: int
     share = 0.0
     chunks = list(micro_batches(rows, cfg.optim.micro_batch_size))
     for mb in chunks:
-        b = collate(mb, pad_id)
+        b = to_device(collate(mb, pad_id), engine.device)
         logits = engine(input_ids=b["input_ids"], attention_mask=b["attention_mask"], use_cache=False).logits
         logp, entropy = token_logprobs(logits, b["targets"], algo.temperature)
         kl = None
@@ -118,7 +118,9 @@ def grpo_loop(config: dict[str, Any]) -> None:
     cfg = GRPOConfig.model_validate(config["cfg"])
     optim = cfg.optim.model_copy(update={"grad_accum": config["grad_accum"]})
     rank, world, tok, engine = setup_learner(cfg, config["model_path"], optim, cfg.algo.steps)
-    ref = load_causal_lm(config["model_path"]).eval() if cfg.algo.beta > 0 else None
+    # The frozen reference: on the learner's device, in the learner's precision.
+    ref = (load_causal_lm(config["model_path"], cfg.deepspeed.precision).to(engine.device).eval()
+           if cfg.algo.beta > 0 else None)
     state = checkpointing.restore(engine)
     if rank == 0:
         checkpointing.rewind_on_start(config["run_dir"], state, "grpo")

@@ -28,7 +28,7 @@ from raypost.rl.tensors import collate, loss_tokens, token_logprobs
 from raypost.serve.channel import channel
 from raypost.serve.weights import check_served
 from raypost.train import checkpointing
-from raypost.train.batches import micro_batches
+from raypost.train.batches import micro_batches, to_device
 from raypost.train.engine import all_sum, backward_share, setup_learner
 from raypost.train.sync import broadcast_from_rank0, push_weights
 from raypost.utils.metrics import MetricsLogger, Progress
@@ -88,8 +88,8 @@ def learn(engine: Any, rows: list[dict], cfg: DistillConfig, pad_id: int) -> dic
     share = 0.0
     chunks = list(micro_batches(rows, d.on_policy_optim.micro_batch_size))
     for mb in chunks:
-        b = collate(mb, pad_id)
-        teacher_lp, top_ids, top_lp = _teacher_tensors(mb, b["input_ids"].shape[1], k)
+        b = to_device(collate(mb, pad_id), engine.device)
+        teacher_lp, top_ids, top_lp = (t.to(engine.device) for t in _teacher_tensors(mb, b["input_ids"].shape[1], k))
         logits = engine(input_ids=b["input_ids"], attention_mask=b["attention_mask"], use_cache=False).logits
         # log-probs at the sampling temperature, as the replica's behaviour log-probs are
         logp, _ = token_logprobs(logits, b["targets"], d.on_policy_temperature)

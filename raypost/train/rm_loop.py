@@ -17,7 +17,7 @@ import torch
 from raypost.algos.pairwise import bradley_terry_loss
 from raypost.config.reward_model import RewardModelConfig
 from raypost.train import checkpointing
-from raypost.train.batches import micro_batches, rank_slice
+from raypost.train.batches import micro_batches, rank_slice, to_device
 from raypost.train.engine import all_sum, backward_share, setup_learner
 from raypost.utils.metrics import MetricsLogger, Progress
 
@@ -54,7 +54,7 @@ def pair_inputs(rows: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tens
 
 def scores(engine: Any, rows: list[dict[str, Any]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(chosen [B], rejected [B]) scores of ``rows``."""
-    logits = engine(**pair_inputs(rows, pad_id)).logits[:, 0].float()
+    logits = engine(**to_device(pair_inputs(rows, pad_id), engine.device)).logits[:, 0].float()
     return logits[:len(rows)], logits[len(rows):]
 
 

@@ -16,7 +16,7 @@ import torch
 
 from raypost.config import SFTConfig
 from raypost.train import checkpointing
-from raypost.train.batches import collate, micro_batches, rank_slice, supervised_tokens
+from raypost.train.batches import collate, micro_batches, rank_slice, supervised_tokens, to_device
 from raypost.train.engine import all_sum, backward_share, set_hyperparams, setup_learner
 from raypost.train.objectives import Objective, cross_entropy, objective_for
 from raypost.utils.metrics import MetricsLogger, Progress
@@ -26,6 +26,7 @@ log = logging.getLogger("raypost.sft")
 
 def _forward_loss(engine: Any, batch: dict[str, torch.Tensor],
                   objective: Objective = cross_entropy) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    batch = to_device(batch, engine.device)
     out = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                  position_ids=batch["position_ids"], use_cache=False)
     return objective(out.logits, batch)

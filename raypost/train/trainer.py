@@ -18,7 +18,7 @@ def run_dir(run: RunConfig) -> Path:
 
 
 def worker_resources(res: ResourcesConfig) -> dict[str, float]:
-    out = {"CPU": res.cpus_per_worker}
+    out = {"CPU": res.cpus_per_worker, **res.ray_resources}
     if res.gpus_per_worker:
         out["GPU"] = res.gpus_per_worker
     return out

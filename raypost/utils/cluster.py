@@ -8,11 +8,13 @@ from typing import Any, Mapping
 
 import ray
 
+from raypost.config.base import ConfigError
+
 log = logging.getLogger("raypost")
 
 
-class ResourceError(RuntimeError):
-    """The configured placement cannot fit on this cluster."""
+class ResourceError(ConfigError):
+    """The configured placement cannot fit on this cluster (pipelines print it as a config error)."""
 
 
 def init_ray(address: str | None = None) -> None:
@@ -58,6 +60,30 @@ def check_resources(requests: Mapping[str, Mapping[str, float]]) -> None:
             detail = ", ".join(f"{label} {req.get(key, 0):g}" for label, req in requests.items() if req.get(key))
             raise ResourceError(f"placement needs {need:g} {key} ({detail}) but the cluster has "
                                 f"{have.get(key, 0.0):g}; lower those settings or add nodes")
+
+
+def nodes_that_fit(request: Mapping[str, float]) -> set[str]:
+    """Ids of the alive nodes whose total resources could hold ``request`` (one actor or worker)."""
+    return {n["NodeID"] for n in ray.nodes()
+            if n["Alive"] and all(n["Resources"].get(k, 0.0) >= v - 1e-9 for k, v in request.items() if v)}
+
+
+def check_one_node(request: Mapping[str, float], what: str) -> None:
+    """Raise ResourceError when no alive node could hold ``request`` whole: one learner worker or
+    one replica (with all its tensor-parallel GPUs) runs on one node. ``what`` names the settings."""
+    if not nodes_that_fit(request):
+        shown = {k: v for k, v in request.items() if v}
+        raise ResourceError(f"no node of this cluster has {shown} for one {what}; lower those settings or add a "
+                            "node that large")
+
+
+def check_same_node_possible(learner: Mapping[str, float], replica: Mapping[str, float], why: str) -> None:
+    """Raise ResourceError when no node could hold both a learner worker and a replica: ``why``
+    says what needs them together and how to avoid it."""
+    if not nodes_that_fit(learner) & nodes_that_fit(replica):
+        shown = [{k: v for k, v in r.items() if v} for r in (learner, replica)]
+        raise ResourceError(f"no node can hold both a learner worker ({shown[0]}) and a rollout replica "
+                            f"({shown[1]}): {why}")
 
 
 def actor_table(job_id: str | None = None) -> list[dict[str, Any]]:

@@ -43,10 +43,13 @@ class LocalHead:
     # (tests want that). False: the processes outlive `ray start`, so the GCS alone can be killed
     # and restarted (recovery drills); stop() reaches them through their process group either way.
     block: bool = True
+    # False: leaving the ``with`` block removes temp_dir (logs, session files) after stopping.
+    keep_temp: bool = False
     gcs_port: int = field(default_factory=free_port)
     dashboard_port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
     extra_procs: list[subprocess.Popen] = field(default_factory=list)
+    nodes: list[subprocess.Popen] = field(default_factory=list)
 
     @property
     def address(self) -> str:
@@ -90,6 +93,29 @@ class LocalHead:
         self.stop()
         raise TimeoutError(f"Ray head did not come up in {timeout:.0f} s; see {log}")
 
+    def add_node(self, num_cpus: int, resources: dict[str, float] | None = None, timeout: float = 120.0) -> str:
+        """Start another raylet on this machine that joins this head (``raypost.utils.local_node``)
+        with ``resources`` as its custom resources: a second node, with its own node id, for
+        placement tests. Returns its node id; ``stop()`` stops it before the head."""
+        ready = Path(self.temp_dir) / f"node_{len(self.nodes)}.id"
+        cmd = [sys.executable, "-m", "raypost.utils.local_node", "--address", self.address, "--num-cpus", str(num_cpus),
+               "--resources", json.dumps(resources or {}), "--ready-file", str(ready),
+               "--temp-dir", tempfile.mkdtemp(prefix=f"node{len(self.nodes)}-", dir=self.temp_dir)]
+        env = self.env()
+        env.pop("RAY_ADDRESS")
+        log = ready.with_suffix(".log")
+        with log.open("ab") as fh:
+            self.nodes.append(subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                               cwd=Path(__file__).resolve().parents[2], start_new_session=True))
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.nodes[-1].poll() is not None:
+                raise RuntimeError(f"the node exited with {self.nodes[-1].returncode}; see {log}")
+            if ready.is_file() and ready.read_text():
+                return ready.read_text()
+            time.sleep(0.5)
+        raise TimeoutError(f"the node did not start in {timeout:.0f} s; see {log}")
+
     def _dashboard_up(self) -> bool:
         try:
             with urllib.request.urlopen(f"{self.dashboard_url}/api/version", timeout=2) as resp:
@@ -104,17 +130,19 @@ class LocalHead:
         after ``timeout`` seconds; a GCS started by ``restart_gcs`` is stopped the same way. The
         grace is short: a GCS under load was seen to hang in its SIGTERM shutdown for over 30 s,
         and what outlives a head (Redis tables, checkpoints) does not depend on a graceful exit."""
-        for extra in self.extra_procs:
+        for extra in (*self.nodes, *self.extra_procs):
             _stop_group(extra, timeout)
+        self.nodes.clear()
         self.extra_procs.clear()
         if self.proc is not None:
             _stop_group(self.proc, timeout)
 
     def crash(self) -> None:
         """SIGKILL every process of the head at once (a node failure, not a shutdown)."""
-        for proc in (*self.extra_procs, self.proc):
+        for proc in (*self.nodes, *self.extra_procs, self.proc):
             if proc is not None:
                 _stop_group(proc, timeout=0.0, signals=(signal.SIGKILL,))
+        self.nodes.clear()
         self.extra_procs.clear()
 
     def gcs_process(self) -> "psutil.Process":
@@ -157,6 +185,8 @@ class LocalHead:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+        if not self.keep_temp:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 @dataclass
