@@ -1,0 +1,190 @@
+"""Weight push time per transport, against a memcpy of the same bytes, side by side in one run.
+
+What is timed is what a push costs between the learner's ``push_weights`` and a replica's engine
+holding the new tensors: the learner's ``channel.publish(version, state)``, then the replica's
+``channel.fetch`` and the read of the tensors the engine's worker does (``vllm_ext._tensors``).
+
+* memcpy: ``copy_`` of every tensor into preallocated tensors of the same shapes (the floor).
+* shm: publish writes ``v<k>.safetensors`` into /dev/shm; the reader is this process.
+* object_store, same node / other node: a publisher actor (the learner's rank 0) on node A and
+  a fetcher actor (a replica) on node A or on node B, two raylets of this machine
+  (``LocalHead.add_node``), so the other-node case goes through Ray's object transfer.
+
+  .venv/bin/python benchmarks/weight_push.py                 # tiny model and SmolLM2 (if installed)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import OUT, model_for, table  # noqa: E402
+
+MARK = "PUSH_BENCH "
+
+
+def load_state(model_dir: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return load_file(str(next(Path(model_dir).glob("*.safetensors"))))
+
+
+def read_tensors(path: str) -> int:
+    """What the engine's worker does with a pushed file (vllm_ext._tensors): every tensor read."""
+    from raypost.serve.vllm_ext import _tensors
+
+    return sum(t.numel() * t.element_size() for _, t in _tensors(path))
+
+
+def time_memcpy(state: dict[str, Any]) -> float:
+    import torch
+
+    dst = {k: torch.empty_like(v) for k, v in state.items()}
+    t0 = time.perf_counter()
+    for k, v in state.items():
+        dst[k].copy_(v)
+    return time.perf_counter() - t0
+
+
+def time_shm(state: dict[str, Any], version: int) -> tuple[float, float]:
+    from raypost.serve.channel import channel
+
+    chan = channel("shm", f"/dev/shm/raypost-bench-{uuid.uuid4().hex[:8]}")
+    try:
+        t0 = time.perf_counter()
+        chan.publish(version, state)
+        t1 = time.perf_counter()
+        _, path = asyncio.run(chan.fetch(0))
+        read_tensors(path)
+        return t1 - t0, time.perf_counter() - t0
+    finally:
+        chan.close()
+
+
+class Publisher:
+    """The learner's rank 0: holds the state and publishes it (the object is owned here)."""
+
+    def __init__(self, model_dir: str, weights_dir: str) -> None:
+        from raypost.serve.channel import channel
+
+        self.state = load_state(Path(model_dir))
+        self.chan = channel("object_store", weights_dir)
+
+    def publish(self, version: int) -> float:
+        t0 = time.perf_counter()
+        self.chan.publish(version, self.state)
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.chan.close()
+
+
+class Fetcher:
+    """A replica: fetch the newest version (staged on its node), then read it as the worker does."""
+
+    def __init__(self, weights_dir: str) -> None:
+        from raypost.serve.channel import channel
+
+        self.chan = channel("object_store", weights_dir)
+        self.have = 0
+
+    async def fetch(self) -> float:
+        t0 = time.perf_counter()
+        self.have, path = await self.chan.fetch(self.have)
+        await asyncio.to_thread(read_tensors, path)
+        return time.perf_counter() - t0
+
+    def release(self) -> None:
+        self.chan.release()
+
+
+def time_object_store(address: str, model_dir: Path, repeats: int) -> dict[str, list[float]]:
+    """In a child process started with the head's environment (its token auth, and 127.0.0.1 kept as
+    the address: Ray reads that setting when it is imported)."""
+    import ray
+
+    ray.init(address=address, log_to_driver=False)
+    weights_dir = f"/dev/shm/raypost-bench-{uuid.uuid4().hex[:8]}"
+    pub = ray.remote(Publisher).options(num_cpus=0, resources={"node_a": 0.01}).remote(str(model_dir), weights_dir)
+    near = ray.remote(Fetcher).options(num_cpus=0, resources={"node_a": 0.01}).remote(weights_dir)
+    far = ray.remote(Fetcher).options(num_cpus=0, resources={"node_b": 0.01}).remote(weights_dir)
+    out: dict[str, list[float]] = {"publish": [], "same node": [], "other node": []}
+    try:
+        for v in range(1, repeats + 1):
+            out["publish"].append(ray.get(pub.publish.remote(v)))
+            out["same node"].append(out["publish"][-1] + ray.get(near.fetch.remote()))
+            out["other node"].append(out["publish"][-1] + ray.get(far.fetch.remote()))
+    finally:
+        ray.get([near.release.remote(), far.release.remote()])
+        ray.get(pub.close.remote())
+        ray.shutdown()
+    return out
+
+
+def object_store_child(head: Any, model_dir: Path, repeats: int) -> dict[str, list[float]]:
+    cmd = [sys.executable, __file__, "--ray-child", head.address, "--model-dir", str(model_dir),
+           "--repeats", str(repeats)]
+    proc = subprocess.run(cmd, env=head.env(), capture_output=True, text=True, timeout=600)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith(MARK)), None)
+    if proc.returncode != 0 or line is None:
+        raise RuntimeError(f"object_store child failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    return json.loads(line[len(MARK):])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--ray-child", help=argparse.SUPPRESS)
+    ap.add_argument("--model-dir", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.ray_child:
+        print(MARK + json.dumps(time_object_store(args.ray_child, Path(args.model_dir), args.repeats)), flush=True)
+        return
+    import signal
+
+    from raypost.models import named
+    from raypost.utils.local_head import LocalHead
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # the head and its nodes stop on the way out
+
+    models = {"tiny": model_for("tiny")}
+    try:
+        models["smollm2-135m-instruct"] = Path(named.resolve("smollm2-135m-instruct"))
+    except Exception as e:  # noqa: BLE001 - the package is optional here
+        print(f"SmolLM2 skipped: {e}")
+    result: dict[str, Any] = {"repeats": args.repeats, "models": {}}
+    rows = []
+    with LocalHead(num_cpus=1) as head:
+        head.add_node(1, {"node_a": 1})
+        head.add_node(1, {"node_b": 1})
+        for name, path in models.items():
+            state = load_state(path)
+            nbytes = sum(t.numel() * t.element_size() for t in state.values())
+            memcpy = statistics.median(time_memcpy(state) for _ in range(args.repeats))
+            shm = [time_shm(state, v) for v in range(1, args.repeats + 1)]
+            obj = object_store_child(head, path, args.repeats)
+            med = {"memcpy": memcpy, "shm publish": statistics.median(s[0] for s in shm),
+                   "shm publish + read": statistics.median(s[1] for s in shm),
+                   "object_store publish": statistics.median(obj["publish"]),
+                   "object_store same node, publish + fetch + read": statistics.median(obj["same node"]),
+                   "object_store other node, publish + fetch + read": statistics.median(obj["other node"])}
+            result["models"][name] = {"bytes": nbytes, "median_s": med, "object_store_runs": obj,
+                                      "shm_runs": shm}
+            rows += [[name, f"{nbytes / 2**20:.1f}", k, f"{v:.3f}", f"{v / memcpy:.1f}"] for k, v in med.items()]
+    print(table(f"weight push, medians of {args.repeats}", ["model", "MiB", "what", "seconds", "x memcpy"], rows))
+    OUT.mkdir(exist_ok=True)
+    (OUT / "weight_push.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
