@@ -75,7 +75,8 @@ def test_shm_weights_need_a_node_that_can_hold_learner_and_replica(monkeypatch, 
 def test_cpu_replica_engine_runs_in_one_process_bound_to_its_cores(monkeypatch):
     from raypost.serve import rollout_app
 
-    for key in ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_PLACES", "OMP_NUM_THREADS", "OMP_PROC_BIND"):
+    for key in ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_PLACES", "OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_WAIT_POLICY",
+                "VLLM_CPU_KVCACHE_SPACE"):  # all restored after the test
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1,3")
     rollout_app._cpu_engine_env(RolloutConfig())
