@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = Path(__file__).parent / "out"
@@ -39,13 +39,21 @@ def prompts_for(model_path: Path, k: int) -> list[list[int]]:
     return [prompt_ids(tok, r["question"], None) for r in synthetic.generate(k, seed=99)]
 
 
-def run_child(script: Path, args: list[str], env: dict[str, str] | None = None, timeout: float = 1800) -> dict[str, Any]:
-    """Run ``script --child ...`` and parse the JSON it prints on its last stdout line."""
+def run_child(script: Path, args: list[str], env: dict[str, str] | None = None, timeout: float = 1800,
+              base_env: Mapping[str, str] | None = None, mark: str | None = None) -> dict[str, Any]:
+    """Run ``script ARGS`` and parse the JSON it prints: on its last stdout line, or after ``mark``
+    on the line that starts with it (for children whose libraries log to stdout too, as vLLM).
+    The child's environment is ``base_env`` (default: this process's) updated with ``env``."""
     proc = subprocess.run([sys.executable, str(script), *args], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{script.name} {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+                          env={**(os.environ if base_env is None else base_env), **(env or {})}, timeout=timeout)
+    lines = proc.stdout.strip().splitlines()
+    if mark is None:
+        line = lines[-1] if lines else None
+    else:
+        line = next((x[len(mark):] for x in lines if x.startswith(mark)), None)
+    if proc.returncode != 0 or line is None:
+        raise RuntimeError(f"{script.name} {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(line)
 
 
 def step_timer(times: list[float]) -> Any:

@@ -19,14 +19,13 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import OUT, model_for, table  # noqa: E402
+from benchmarks.common import OUT, model_for, run_child, table  # noqa: E402
 
 WAVES, PROMPTS, TOKENS = 2, 32, 96
 MARK = "ENGINE_BENCH "  # vLLM logs to stdout too
@@ -94,12 +93,7 @@ def child(model: str, mode: str) -> dict:
 
 def run(model: Path, mode: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "VLLM_"))}
-    out = subprocess.run([sys.executable, __file__, "--child", str(model), "--mode", mode], env=env,
-                         capture_output=True, text=True, timeout=900)
-    line = next((x for x in out.stdout.splitlines() if x.startswith(MARK)), None)
-    if out.returncode != 0 or line is None:
-        raise RuntimeError(f"{mode} engine failed ({out.returncode}): {out.stderr[-2000:]}")
-    return json.loads(line[len(MARK):])
+    return run_child(Path(__file__), ["--child", str(model), "--mode", mode], base_env=env, timeout=900, mark=MARK)
 
 
 def main() -> None:

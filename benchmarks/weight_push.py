@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -28,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import OUT, model_for, table  # noqa: E402
+from benchmarks.common import OUT, model_for, run_child, table  # noqa: E402
 
 MARK = "PUSH_BENCH "
 
@@ -132,13 +131,8 @@ def time_object_store(address: str, model_dir: Path, repeats: int) -> dict[str, 
 
 
 def object_store_child(head: Any, model_dir: Path, repeats: int) -> dict[str, list[float]]:
-    cmd = [sys.executable, __file__, "--ray-child", head.address, "--model-dir", str(model_dir),
-           "--repeats", str(repeats)]
-    proc = subprocess.run(cmd, env=head.env(), capture_output=True, text=True, timeout=600)
-    line = next((x for x in proc.stdout.splitlines() if x.startswith(MARK)), None)
-    if proc.returncode != 0 or line is None:
-        raise RuntimeError(f"object_store child failed ({proc.returncode}): {proc.stderr[-3000:]}")
-    return json.loads(line[len(MARK):])
+    args = ["--ray-child", head.address, "--model-dir", str(model_dir), "--repeats", str(repeats)]
+    return run_child(Path(__file__), args, base_env=head.env(), timeout=600, mark=MARK)
 
 
 def main() -> None:
