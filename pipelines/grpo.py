@@ -68,7 +68,7 @@ def main(argv: list[str]) -> dict:
     try:  # the Serve apps and pushed weights go when the run ends, also when it fails
         grpo_phase.deploy(cfg, sft_model, grpo_phase.weights_dir_for(cfg))
         before = grpo_phase.evaluate(cfg, data)
-        log.info("held-out accuracy after warm-up: %.3f", before["accuracy"])
+        log.info("held-out accuracy before GRPO: %.3f", before["accuracy"])
 
         # GRPO on Ray Train + DeepSpeed, rollouts on Serve.
         final_model, grpo_s, metrics = grpo_phase.train(cfg, sft_model, data, run_dir)
@@ -85,7 +85,7 @@ def main(argv: list[str]) -> dict:
         "phase_s": {"warmup": warmup_s, "grpo": grpo_s}, "wall_s": time.time() - t0,
     }
     write_report(run_dir, report)
-    plot_curves(run_dir / "metrics.jsonl", ["reward_mean", "accuracy", "loss", "step_s"], run_dir / "reward.png", "GRPO")
+    plot_curves(run_dir / "metrics.jsonl", ["reward_mean", "accuracy", "response_len", "loss", "step_s"], run_dir / "reward.png", "GRPO")
     log.info("report: %s", run_dir / "report.json")
     return report
 

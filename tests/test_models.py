@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from raypost.config import TinyModelConfig
@@ -69,6 +70,40 @@ def test_lora_trains_adapters_only_and_exports_merged(tmp_path, tiny_model):
     with torch.no_grad():
         assert torch.allclose(back(input_ids=ids).logits, want, atol=1e-4)
     assert not any("lora" in k for k in back.state_dict())
+
+
+def test_merged_lora_state_equals_peft_merge_and_leaves_the_training_model_alone(tiny_model):
+    """What a LoRA learner pushes to the replicas: every weight equals peft's own
+    merge_and_unload (on a copy), under the base model's key names, and the training model
+    keeps its adapters and unmerged base weights."""
+    import copy
+
+    from raypost.config import LoraConfig, ModelConfig
+    from raypost.models.lora import merged_state_dict
+    from raypost.train.engine import prepare_model
+
+    model = prepare_model(str(tiny_model), ModelConfig(lora=LoraConfig(enabled=True, r=4, alpha=8)), "fp32")
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    got = merged_state_dict(model)
+    want = copy.deepcopy(model).merge_and_unload().state_dict()
+    assert set(got) == set(want)
+    assert all(torch.allclose(got[k], want[k], atol=1e-6) for k in want)
+    changed = [k for k in want if not torch.equal(got[k], load_causal_lm(tiny_model).state_dict()[k])]
+    assert changed and all(k.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"))
+                           for k in changed)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_grpo_config_refuses_lora_under_zero3():
+    from raypost.config import ConfigError, load_config
+    from raypost.config.grpo import GRPOConfig
+
+    with pytest.raises(ConfigError, match=r"model.lora.enabled with deepspeed.zero_stage 3.*zero_stage <= 2"):
+        load_config(GRPOConfig, ["--model.lora.enabled", "true", "--deepspeed.zero_stage", "3"])
 
 
 def test_gradient_checkpointing_same_gradients(tiny_model):

@@ -14,7 +14,7 @@ from raypost.config.grpo import AlgoConfig
 from raypost.rl import groups as G
 from raypost.rl.controller import RolloutController, StalenessAdmission
 from raypost.rl.producer import RolloutProducer
-from raypost.rl.tensors import collate, loss_tokens, token_logprobs
+from raypost.rl.tensors import collate, loss_tokens, token_logprobs, trim_to_completions
 from raypost.serve.rollout_client import RolloutClient
 
 PAD = 0
@@ -334,6 +334,34 @@ def test_chunked_token_logprobs_equal_the_full_log_softmax(temperature):
     assert torch.allclose(entropy, -(full.exp() * full).sum(-1), atol=1e-5)
     assert torch.allclose(chunked_grad, logits.grad, atol=1e-6)
     assert not entropy.requires_grad
+
+
+def test_logits_of_completion_positions_only_give_the_same_logprobs_and_gradients():
+    """``trim_to_completions`` + ``logits_to_keep``: the LM head runs only from the shortest
+    prompt's last token on. Log-probs, mask and the gradient of a masked loss equal the full
+    forward's; the columns cut hold no completion token."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2))
+    rows = [{"ids": list(range(1, 1 + p + c)), "start": p, "old": [-1.0] * c, "adv": 1.0, "train": True}
+            for p, c in [(7, 3), (5, 4), (9, 2)]]
+    full = collate(rows, pad_id=0)
+    trimmed, keep = trim_to_completions(full)
+    first = 5 - 1  # the shortest prompt's last token predicts the first completion token
+    assert keep == full["input_ids"].shape[1] - first and full["mask"][:, :first].sum() == 0
+    assert torch.equal(trimmed["mask"], full["mask"][:, first:]) and torch.equal(trimmed["input_ids"], full["input_ids"])
+    grads = []
+    for b, kwargs in [(full, {}), (trimmed, {"logits_to_keep": keep})]:
+        model.zero_grad()
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], **kwargs).logits
+        logp, _ = token_logprobs(logits, b["targets"], 0.8)
+        (logp * b["mask"]).sum().backward()
+        grads.append((logp * b["mask"], [p.grad.clone() for p in model.parameters()]))
+    assert grads[1][0].shape[1] == keep - 1
+    assert torch.allclose(grads[1][0], grads[0][0][:, first:], atol=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads[0][1], grads[1][1]))
 
 
 @pytest.mark.timeout(10)

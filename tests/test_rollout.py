@@ -129,6 +129,46 @@ def test_teacher_scoring_matches_transformers(rollout):
 
 
 @pytest.mark.slow
+def test_lora_push_serves_the_merged_weights(rollout):
+    """A LoRA learner pushes W + scale * B @ A (``full_state_dict`` on a peft model): the replica's
+    greedy tokens and log-probs equal the peft model's own forward, and the training model
+    keeps its adapters and base weights."""
+    from types import SimpleNamespace
+
+    from peft import LoraConfig, get_peft_model
+
+    from raypost.models.hf import load_causal_lm, load_tokenizer
+    from raypost.serve.rollout_client import RolloutClient
+    from raypost.train.engine import full_state_dict
+
+    tok = load_tokenizer(rollout["model"])
+    torch.manual_seed(0)
+    peft = get_peft_model(load_causal_lm(rollout["model"]), LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM",
+                                                                       target_modules=["q_proj", "v_proj", "o_proj"]))
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.2)  # B starts at zero; a trained adapter is not
+    before = {k: v.clone() for k, v in peft.state_dict().items()}
+    state = full_state_dict(SimpleNamespace(module=peft), zero_stage=2)
+    assert not any("lora" in k for k in state) and all(torch.equal(before[k], v) for k, v in peft.state_dict().items())
+    client = RolloutClient("rollout", rollout["cfg"].weights_dir, transport=rollout["cfg"].weight_transport)
+    client.update_weights(4, {k: v for k, v in state.items() if k != "lm_head.weight"})
+    prompts = prompts_for(rollout["model"])
+    got = client.generate(prompts, 1, {"temperature": 0.0, "max_tokens": 12})
+    peft.eval()
+    for p, g in zip(prompts, got):
+        with torch.no_grad():
+            ids = peft.generate(input_ids=torch.tensor([p]), max_new_tokens=12, do_sample=False,
+                                eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)[0, len(p):].tolist()
+            logits = peft(input_ids=torch.tensor([p + ids])).logits[0, len(p) - 1:-1]
+        lps = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(ids)[:, None])[:, 0].tolist()
+        c = g["completions"][0]
+        assert g["version"] == 4 and c["token_ids"] == ids
+        assert max(abs(a - b) for a, b in zip(c["logprobs"], lps)) < 1e-3
+
+
+@pytest.mark.slow
 def test_sampling_n_and_seed(rollout):
     from raypost.serve.rollout_client import RolloutClient
 
@@ -138,6 +178,13 @@ def test_sampling_n_and_seed(rollout):
     b = client.generate(p, 4, {"temperature": 1.0, "max_tokens": 8, "seed": 5})[0]["completions"]
     assert len(a) == 4 and [c["token_ids"] for c in a] == [c["token_ids"] for c in b]
     assert all(len(c["logprobs"]) == len(c["token_ids"]) and all(lp <= 0 for lp in c["logprobs"]) for c in a)
+    # Seeded prompts that do not fit one 2048-token prefill step: with chunked prefill a prompt is
+    # split across steps, and vLLM 0.32 then rewinds its CPU generator, which killed the engine.
+    long = [[5 + (i + j) % 900 for j in range(200)] for i in range(12)]
+    first = client.generate(long, 2, {"temperature": 1.0, "max_tokens": 4, "seed": 7})
+    again = client.generate(long, 2, {"temperature": 1.0, "max_tokens": 4, "seed": 7})
+    assert [[c["token_ids"] for c in g["completions"]] for g in first] == \
+        [[c["token_ids"] for c in g["completions"]] for g in again]
 
 
 @pytest.mark.slow

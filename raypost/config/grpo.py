@@ -17,6 +17,7 @@ from raypost.config.sections import (
     ResourcesConfig,
     RunConfig,
     SyntheticTaskConfig,
+    check_lora_zero,
 )
 from raypost.config.serve import RewardServiceConfig, RewardSpec, RolloutConfig
 
@@ -121,6 +122,11 @@ class GRPOConfig(StrictModel):
         if seqs % per_step:
             raise ValueError(f"algo.prompts_per_step x algo.group_size ({seqs} sequences) must be a multiple of "
                              f"resources.num_workers x optim.micro_batch_size ({per_step})")
+        return self
+
+    @model_validator(mode="after")
+    def _lora_zero(self) -> "GRPOConfig":
+        check_lora_zero(self.model, self.deepspeed)
         return self
 
     @model_validator(mode="after")

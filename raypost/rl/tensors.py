@@ -49,6 +49,21 @@ def collate(rows: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tens
             "adv": torch.tensor([r["adv"] for r in rows], dtype=torch.float32)}
 
 
+def trim_to_completions(batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:
+    """``collate``'s batch cut to the positions whose logits the loss reads, as TRL's
+    ``logits_to_keep`` does: from the first position that predicts a completion token (the
+    shortest prompt's last token) to the end. Returns the batch with every per-token tensor ([N, T-1, ...])
+    sliced to [N, K-1, ...] from that column, and K, the logits positions to keep
+    (``model(..., logits_to_keep=K)`` gives [N, K, V]: positions T-K .. T-1). Prompt positions
+    then skip the LM head and the log-softmax; with a 49k vocabulary that is most of a prompt
+    token's cost."""
+    n, t = batch["input_ids"].shape
+    used = batch["mask"].any(0).nonzero()
+    first = int(used[0]) if len(used) else 0
+    trimmed = {k: (v[:, first:] if v.dim() >= 2 and v.shape[:2] == (n, t - 1) else v) for k, v in batch.items()}
+    return trimmed, t - first
+
+
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
                    chunk_tokens: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
     """log p(target) under softmax(logits / temperature), and the per-token entropy.

@@ -84,6 +84,17 @@ def _replica_cores(cfg: RolloutConfig) -> list[int] | None:
     return cores[start:start + per]
 
 
+def _prefill_args(cfg: RolloutConfig) -> dict[str, Any]:
+    """On CPU, prompts are prefilled whole: vLLM 0.32 rewinds a seeded request's torch generator
+    after a partial (chunked) prefill with ``Generator.set_offset``, which CPU generators do not
+    have, and the engine dies ("CPU Generator does not use offset", gpu_model_runner.py
+    ``_bookkeeping_sync``). A request with ``seed`` in a batch too big for one prefill step
+    killed the replica. Whole prefills need a token budget of at least ``max_model_len``."""
+    if cfg.gpus_per_replica:
+        return {}
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(cfg.max_model_len, 2048)}
+
+
 def _core_range(part: str) -> range:
     lo, _, hi = part.strip().partition("-")
     return range(int(lo), int(hi or lo) + 1)
@@ -100,6 +111,7 @@ class RolloutServer:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         args = AsyncEngineArgs(model=resolve(model_path), dtype=self.cfg.dtype, max_model_len=self.cfg.max_model_len,
+                               **_prefill_args(self.cfg),
                                max_num_seqs=self.cfg.max_num_seqs, enforce_eager=self.cfg.enforce_eager,
                                seed=self.cfg.seed, tensor_parallel_size=self.cfg.tensor_parallel_size,
                                # tp > 1: the engine's workers are Ray actors in the replica's placement group

@@ -107,7 +107,8 @@ def backward_share(engine: Any, loss: torch.Tensor) -> None:
 
 
 def full_state_dict(engine: Any, zero_stage: int) -> dict[str, torch.Tensor] | None:
-    """The whole model's weights on rank 0 (ZeRO-3 gathers them; every rank must call)."""
+    """The whole model's weights on rank 0 (ZeRO-3 gathers them; every rank must call); for a
+    LoRA model, the base weights with the adapters merged, under the base model's key names."""
     import torch.distributed as dist
 
     if zero_stage == 3:
@@ -115,8 +116,10 @@ def full_state_dict(engine: Any, zero_stage: int) -> dict[str, torch.Tensor] | N
     if dist.is_initialized() and dist.get_rank() != 0:
         return None
     module = engine.module
-    if hasattr(module, "merge_and_unload"):
-        return None  # peft: export merges adapters itself
+    from raypost.models.lora import is_peft, merged_state_dict
+
+    if is_peft(module):  # LoRA: the base weights with the adapters merged, as a replica serves them
+        return merged_state_dict(module)
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 

@@ -23,7 +23,7 @@ from raypost.config.grpo import GRPOConfig
 from raypost.rl import groups as G
 from raypost.rl.controller import RolloutController, StalenessAdmission
 from raypost.rl.producer import RolloutProducer
-from raypost.rl.tensors import collate, loss_tokens, sequences, token_logprobs
+from raypost.rl.tensors import collate, loss_tokens, sequences, token_logprobs, trim_to_completions
 from raypost.train import checkpointing
 from raypost.train.batches import micro_batches, to_device
 from raypost.train.engine import all_sum, backward_share, setup_learner
@@ -47,13 +47,15 @@ def _learn(engine: Any, ref: Any, rows: list[dict], cfg: GRPOConfig, pad_id: int
     share = 0.0
     chunks = list(micro_batches(rows, cfg.optim.micro_batch_size))
     for mb in chunks:
-        b = to_device(collate(mb, pad_id), engine.device)
-        logits = engine(input_ids=b["input_ids"], attention_mask=b["attention_mask"], use_cache=False).logits
+        b, keep = trim_to_completions(to_device(collate(mb, pad_id), engine.device))
+        logits = engine(input_ids=b["input_ids"], attention_mask=b["attention_mask"], use_cache=False,
+                        logits_to_keep=keep).logits
         logp, entropy = token_logprobs(logits, b["targets"], algo.temperature)
         kl = None
         if algo.beta > 0:
             with torch.no_grad():
-                ref_logits = ref(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+                ref_logits = ref(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                                 logits_to_keep=keep).logits
             kl = kl_fn(logp, token_logprobs(ref_logits, b["targets"], algo.temperature)[0])
         # One update per batch: the proximal policy is this forward's own (pre-update) log-probs.
         anchor, weight, mask, m_is = correct(logp, logp.detach(), b["old_logp"], b["mask"], cfg.async_rl.is_cap)

@@ -24,7 +24,7 @@ import torch
 from raypost.algos.distill import KDParams, kd_loss, on_policy_reverse_kl
 from raypost.config.distill import DistillConfig
 from raypost.rewards.verifiers import answers_match
-from raypost.rl.tensors import collate, loss_tokens, token_logprobs
+from raypost.rl.tensors import collate, loss_tokens, token_logprobs, trim_to_completions
 from raypost.serve.channel import channel
 from raypost.serve.weights import check_served
 from raypost.train import checkpointing
@@ -88,9 +88,12 @@ def learn(engine: Any, rows: list[dict], cfg: DistillConfig, pad_id: int) -> dic
     share = 0.0
     chunks = list(micro_batches(rows, d.on_policy_optim.micro_batch_size))
     for mb in chunks:
-        b = to_device(collate(mb, pad_id), engine.device)
-        teacher_lp, top_ids, top_lp = (t.to(engine.device) for t in _teacher_tensors(mb, b["input_ids"].shape[1], k))
-        logits = engine(input_ids=b["input_ids"], attention_mask=b["attention_mask"], use_cache=False).logits
+        b = collate(mb, pad_id)
+        b["teacher_lp"], b["top_ids"], b["top_lp"] = _teacher_tensors(mb, b["input_ids"].shape[1], k)
+        b, positions = trim_to_completions(to_device(b, engine.device))
+        teacher_lp, top_ids, top_lp = b["teacher_lp"], b["top_ids"], b["top_lp"]
+        logits = engine(input_ids=b["input_ids"], attention_mask=b["attention_mask"], use_cache=False,
+                        logits_to_keep=positions).logits
         # log-probs at the sampling temperature, as the replica's behaviour log-probs are
         logp, _ = token_logprobs(logits, b["targets"], d.on_policy_temperature)
         if d.on_policy_loss == "gkd":
