@@ -45,7 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import OUT, ROOT, SHAPES, model_for, table  # noqa: E402
 
 NUM_TRAIN = 2000
-FLEXIBLE = {"name": "accuracy", "fn": "accuracy", "weight": 1.0, "needs_labels": True, "kwargs": {"extract": "flexible"}}
+FLEXIBLE = {"name": "accuracy", "fn": "accuracy", "weight": 1.0, "needs_labels": True,
+            "kwargs": {"extract": "flexible"}}
 SYSTEM = ("You are a helpful math tutor. Solve the problem in one or two short sentences, then write "
           "'The answer is N.' where N is a number.")  # the no-warm-up SmolLM2 run's (RESULTS.md)
 

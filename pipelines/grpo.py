@@ -85,7 +85,8 @@ def main(argv: list[str]) -> dict:
         "phase_s": {"warmup": warmup_s, "grpo": grpo_s}, "wall_s": time.time() - t0,
     }
     write_report(run_dir, report)
-    plot_curves(run_dir / "metrics.jsonl", ["reward_mean", "accuracy", "response_len", "loss", "step_s"], run_dir / "reward.png", "GRPO")
+    plot_curves(run_dir / "metrics.jsonl", ["reward_mean", "accuracy", "response_len", "loss", "step_s"],
+                run_dir / "reward.png", "GRPO")
     log.info("report: %s", run_dir / "report.json")
     return report
 

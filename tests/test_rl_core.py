@@ -351,7 +351,8 @@ def test_logits_of_completion_positions_only_give_the_same_logprobs_and_gradient
     trimmed, keep = trim_to_completions(full)
     first = 5 - 1  # the shortest prompt's last token predicts the first completion token
     assert keep == full["input_ids"].shape[1] - first and full["mask"][:, :first].sum() == 0
-    assert torch.equal(trimmed["mask"], full["mask"][:, first:]) and torch.equal(trimmed["input_ids"], full["input_ids"])
+    assert torch.equal(trimmed["mask"], full["mask"][:, first:])
+    assert torch.equal(trimmed["input_ids"], full["input_ids"])
     grads = []
     for b, kwargs in [(full, {}), (trimmed, {"logits_to_keep": keep})]:
         model.zero_grad()

@@ -52,8 +52,8 @@ def collate(rows: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tens
 def trim_to_completions(batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:
     """``collate``'s batch cut to the positions whose logits the loss reads, as TRL's
     ``logits_to_keep`` does: from the first position that predicts a completion token (the
-    shortest prompt's last token) to the end. Returns the batch with every per-token tensor ([N, T-1, ...])
-    sliced to [N, K-1, ...] from that column, and K, the logits positions to keep
+    shortest prompt's last token) to the end. Returns the batch with every per-token tensor
+    ([N, T-1, ...]) sliced to [N, K-1, ...] from that column, and K, the logits positions to keep
     (``model(..., logits_to_keep=K)`` gives [N, K, V]: positions T-K .. T-1). Prompt positions
     then skip the LM head and the log-softmax; with a 49k vocabulary that is most of a prompt
     token's cost."""

@@ -7,8 +7,9 @@ is the behaviour policy GRPO's importance ratios need.
 HTTP: ``POST /v1/completions`` (OpenAI-compatible subset), ``GET /health``.
 
 Weights: before serving a request a replica asks its weight channel (channel.py: shm files or
-Ray's object store) for the newest version; when a different version is published it waits for its in-flight requests to finish (between requests,
-no interruption), reloads in place, resets the prefix cache, and serves on.
+Ray's object store) for the newest version; when a different version is published it waits for
+its in-flight requests to finish (between requests, no interruption), reloads in place, resets
+the prefix cache, and serves on. CPU replicas prefill whole prompts (``_prefill_args``).
 """
 
 from __future__ import annotations
