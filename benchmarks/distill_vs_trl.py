@@ -17,8 +17,9 @@ on the full vocabulary.
    held-out accuracy on the same rows. raypost's own report figures are kept beside them.
 
     .venv/bin/python benchmarks/distill_vs_trl.py [--teacher runs/distill/teacher/<ckpt>/hf] [--steps 20]
+    .venv/bin/python benchmarks/distill_vs_trl.py --config examples/distill_smollm2.yaml   # SmolLM2 teacher
 
-Prints a table and writes benchmarks/out/distill_vs_trl.json.
+Prints a table and writes benchmarks/out/distill_vs_trl[_<config>].json.
 """
 
 from __future__ import annotations
@@ -51,8 +52,10 @@ def run_raypost(args: argparse.Namespace, out: Path) -> dict:
            "--distill.max_new_tokens", str(args.max_new_tokens), "--distill.on_policy_optim.lr", str(args.lr),
            "--distill.on_policy_optim.micro_batch_size", str(args.prompts // 2),
            "--rollout.weights_dir", f"/dev/shm/raypost-bench-{os.getpid()}"]
+    if args.config:
+        cmd += ["--config", args.config]
     if args.teacher:
-        cmd += ["--teacher.path", args.teacher]
+        cmd += ["--teacher.path", args.teacher, "--teacher.finetune", "false"]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -129,6 +132,8 @@ def heldout_accuracy(model: str, run: Path, n: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=None, help="a distill YAML (e.g. examples/distill_smollm2.yaml: SmolLM2 "
+                                                   "teacher, pruned student); default: the embedded tiny task")
     ap.add_argument("--teacher", default=None, help="a trained teacher (HF folder); default: the run trains one")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--skip", type=int, default=2, help="first steps left out of the medians (start-up)")
@@ -138,7 +143,8 @@ def main() -> None:
     ap.add_argument("--top-k", type=int, default=16)
     ap.add_argument("--eval-n", type=int, default=200)
     args = ap.parse_args()
-    out = OUT / "distill_vs_trl"
+    tag = "" if args.config is None else "_" + Path(args.config).stem
+    out = OUT / f"distill_vs_trl{tag}"
     out.mkdir(parents=True, exist_ok=True)
     ours = run_raypost(args, out)
     theirs = run_trl(args, ours["student"], ours["teacher"], prompt_rows(ours["run"], ours["trained_ids"]), out)
@@ -155,7 +161,7 @@ def main() -> None:
                  ["TRL GKDTrainer", f"{theirs_med:.2f}", f"{acc['TRL']:.3f}"]]))
     print(f"teacher {acc['teacher']:.3f}, warm student (start of both) {acc['warm student']:.3f}; "
           f"raypost gen tok/s of step time {tok_s:.0f}")
-    (OUT / "distill_vs_trl.json").write_text(json.dumps(
+    (OUT / f"distill_vs_trl{tag}.json").write_text(json.dumps(
         {"config": vars(args), "median_step_s": {"raypost": ours_med, "TRL": theirs_med},
          "step_time_ratio_raypost_over_trl": ours_med / theirs_med, "heldout_accuracy": acc,
          "raypost_report_accuracy": ours["accuracy"],

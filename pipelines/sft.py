@@ -54,7 +54,7 @@ def main(argv: list[str]) -> dict:
     sft = sft_phase.run_sft(cfg, model_path, data, run_dir)
 
     # Held-out greedy accuracy of the exported model.
-    evaluation = sft_phase.evaluate(cfg, sft.model_path, data)
+    evaluation = sft_phase.evaluate(cfg, sft.model_path, data, run_dir)
     log.info("held-out accuracy %.3f on %d questions", evaluation["accuracy"], evaluation["n"])
 
     report = {

@@ -132,6 +132,35 @@ def test_config_errors_name_the_field():
         load_config(DistillConfig, ["--distill.mode", "on_policy", "--distill.prompts_per_step", "3"])
 
 
+
+def test_a_teacher_with_finetune_is_sft_trained_once_before_distilling(monkeypatch, tmp_path):
+    """teacher.finetune: the model at teacher.path is SFT-trained (teacher.train, teacher.optim)
+    and the trained export is the teacher; a finished fine-tune is reused; without finetune
+    the path is the teacher as is."""
+    from raypost.config.distill import DistillConfig
+    from raypost.phases import distill as phases
+    from raypost.phases.sft import SFTResult
+
+    calls = []
+
+    def fake_sft(cfg, model_path, data, out):  # the learner itself is tested end to end below
+        calls.append({"model": cfg.model.path, "base": model_path, "steps": cfg.train.max_steps,
+                      "lr": cfg.optim.lr, "out": out})
+        return SFTResult(str(out / "ckpt" / "hf"), 3, 1.0)
+
+    monkeypatch.setattr(phases, "run_sft", fake_sft)
+    cfg = DistillConfig.model_validate({"teacher": {"path": "org/teacher", "finetune": True,
+                                                    "train": {"max_steps": 3}, "optim": {"lr": 1e-4}}})
+    first = phases.teacher(cfg, "org/teacher", None, tmp_path)
+    assert calls == [{"model": "org/teacher", "base": "org/teacher", "steps": 3, "lr": 1e-4,
+                      "out": tmp_path / "teacher"}]
+    assert first.model_path == str(tmp_path / "teacher" / "ckpt" / "hf") and first.wall_s > 0
+    again = phases.teacher(cfg, "org/teacher", None, tmp_path)
+    assert len(calls) == 1 and again.model_path == first.model_path and again.wall_s == 0.0
+    as_is = cfg.model_copy(update={"teacher": cfg.teacher.model_copy(update={"finetune": False})})
+    assert phases.teacher(as_is, "org/teacher", None, tmp_path / "other").model_path == "org/teacher"
+    assert len(calls) == 1
+
 # Head size 32 (64 / 2): the smallest vLLM's CPU attention supports (the on-policy student is served).
 STUDENT = {"hidden_size": 64, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
 
@@ -170,6 +199,15 @@ def test_offline_kd_end_to_end(offline_run, ray_cluster):
     assert kd[-1]["kd"] < 0.7 * kd[0]["kd"]
     assert kd[-1]["top1_agreement"] > kd[0]["top1_agreement"] + 0.1
     assert (offline_run / "loss.png").stat().st_size > 1000
+    # The teacher pass's cost is in the report, and its top-k is on disk at that size.
+    import pyarrow.parquet as pq
+
+    cost = report["data"]["teacher_pass"]
+    topk = pq.read_table(offline_run / "student" / "teacher_topk")
+    assert cost["top_k"] == 8 and cost["seconds"] > 0 and cost["per_step_s"] == pytest.approx(cost["seconds"] / 24)
+    assert cost["tokens"] == sum(len(x) for x in topk.column("teacher_ids").to_pylist()) // 8 > 0
+    assert cost["bytes"] == sum(f.stat().st_size for f in (offline_run / "student" / "teacher_topk").rglob("*.parquet"))
+    assert all(r["step_s"] > 0 for r in rows if "loss" in r)
     # Re-running the same command trains nothing again: every phase was finished.
     run_pipeline("distill.py", distill_args(offline_run.parent, "kd", "--distill.top_k", "8"), ray_cluster)
     again = json.loads((offline_run / "report.json").read_text())

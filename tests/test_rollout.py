@@ -256,3 +256,26 @@ def replica_names() -> list[str]:
 
     return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
                   if a["namespace"] == "serve" and "rollout#RolloutServer" in a["name"])
+
+
+@pytest.mark.slow
+def test_heldout_accuracy_on_vllm_reads_what_transformers_reads(served_model, serve_url, tmp_path):
+    """eval.engine vllm deploys the model as a rollout app for the evaluation and removes it after;
+    its greedy answers (fp32) are transformers generate's, so both engines score alike."""
+    from ray import serve
+
+    from raypost.config import EvalConfig
+    from raypost.data import synthetic
+    from raypost.data.rows import normalize_row
+    from raypost.eval import heldout_accuracy
+
+    prompts = prompts_for(served_model, 12)
+    gold = [normalize_row(r, "question", "answer")["answer"] for r in synthetic.generate(12, seed=11)]
+    rows = [{"prompt_ids": p, "answer": a} for p, a in zip(prompts, gold)]
+    rollout = build(RolloutConfig, {"cpus_per_replica": 0.5, "max_model_len": 256})
+    out = {engine: heldout_accuracy(str(served_model), rows, EvalConfig(max_new_tokens=16, engine=engine),
+                                    tmp_path, rollout, keep_samples=12) for engine in ("vllm", "transformers")}
+    texts = {engine: [s["completion"] for s in res["samples"]] for engine, res in out.items()}
+    assert texts["vllm"] == texts["transformers"] and len(texts["vllm"]) == 12 and all(texts["vllm"])
+    assert out["vllm"]["accuracy"] == out["transformers"]["accuracy"] and out["vllm"]["n"] == 12
+    assert "eval" not in serve.status().applications

@@ -69,6 +69,13 @@ def test_pruned_student_keeps_the_teachers_own_layers(tmp_path):
                                tmp_path / "t")
     assert kept_layers(5, 2) == [0, 2, 4] and kept_layers(30, 3) == list(range(0, 30, 3))
     _check_pruned(teacher, pruned(str(teacher), 2, tmp_path / "s"), [0, 2, 4])
+    # Named layers (the first and the last two), in the teacher's order.
+    assert kept_layers(5, 2, [0, 3, 4]) == [0, 3, 4]
+    _check_pruned(teacher, pruned(str(teacher), 2, tmp_path / "named", [0, 3, 4]), [0, 3, 4])
+    with pytest.raises(ValueError, match="names layer 5, but the teacher has 5 layers"):
+        pruned(str(teacher), 2, tmp_path / "s5", [0, 5])
+    with pytest.raises(ValueError, match="keeps all 5 layers"):
+        pruned(str(teacher), 2, tmp_path / "s6", [0, 1, 2, 3, 4])
     with pytest.raises(ValueError, match="keeps all 1 layers"):
         pruned(str(build_tiny_model(TinyModelConfig(**{**TINY, "num_layers": 1}), [r["question"] for r in rows],
                                     tmp_path / "one")), 2, tmp_path / "s1")
@@ -103,3 +110,6 @@ def test_student_config_is_checked():
         load_config(DistillConfig, ["--student.keep_every", "1"])
     with pytest.raises(ConfigError, match="init"):
         load_config(DistillConfig, ["--student.init", "distil"])
+    assert load_config(DistillConfig, ["--student.keep_layers", "[0, 1, 29]"]).student.keep_layers == [0, 1, 29]
+    with pytest.raises(ConfigError, match="keep_layers.*ascending"):
+        load_config(DistillConfig, ["--student.keep_layers", "[3, 1]"])

@@ -217,3 +217,7 @@ class EvalConfig(StrictModel):
     extract: Literal["strict", "flexible"] = Field(
         "strict", description="How a completion's final answer is read: 'strict' only a '#### n' line; 'flexible' "
                               "also \\boxed{}, 'the answer is n' and the last number (pretrained models' habits).")
+    engine: Literal["transformers", "vllm"] = Field(
+        "transformers", description="SFT and distillation: greedy decoding with transformers generate in a Ray task, "
+                                    "or on a vLLM replica deployed for the evaluation (rollout settings; much faster "
+                                    "for real models). GRPO always evaluates on its rollout replicas.")

@@ -9,7 +9,9 @@ Each row gains ``teacher_ids`` and ``teacher_logprobs``: flat lists of ``len(inp
 from __future__ import annotations
 
 import contextlib
+import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
@@ -89,3 +91,13 @@ class TeacherSignal:
         if self.cache is not None:
             self.cache["rows"] = annotated
         return annotated
+
+
+def write_topk(rows: ray.data.Dataset, path: Path, top_k: int) -> dict[str, int]:
+    """Write the teacher columns of annotated ``rows`` (ids int32 and log-probs float32, ``top_k``
+    of each per token) as Parquet into ``path``; return ``{"tokens", "bytes"}`` (on disk)."""
+    shutil.rmtree(path, ignore_errors=True)
+    rows.select_columns(["teacher_ids", "teacher_logprobs"]).write_parquet(str(path))
+    counts = rows.map_batches(lambda b: pd.DataFrame({"n": [len(x) // top_k for x in b["teacher_ids"]]}),
+                              batch_format="pandas")
+    return {"tokens": int(counts.sum("n") or 0), "bytes": sum(f.stat().st_size for f in path.rglob("*.parquet"))}

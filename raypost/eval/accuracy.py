@@ -1,8 +1,10 @@
-"""Held-out greedy exact-match accuracy with transformers ``generate`` (run as a Ray task)."""
+"""Held-out greedy exact-match accuracy: transformers ``generate`` in a Ray task, or a vLLM
+replica (a rollout app deployed for the evaluation, or the run's own)."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any, Sequence
 
 import ray
@@ -47,10 +49,10 @@ def accuracy(model_path: str, rows: Sequence[dict[str, Any]], max_new_tokens: in
 
 
 def remote_accuracy(model_path: str, rows: Sequence[dict[str, Any]], max_new_tokens: int, batch_size: int,
-                    num_cpus: float = 1.0, extract: str = "strict") -> dict[str, Any]:
+                    num_cpus: float = 1.0, extract: str = "strict", keep_samples: int = 5) -> dict[str, Any]:
     """``accuracy`` as a Ray task, so the driver stays thin and the cluster places it."""
     task = ray.remote(num_cpus=num_cpus)(accuracy)
-    return ray.get(task.remote(model_path, list(rows), max_new_tokens, batch_size, extract=extract))
+    return ray.get(task.remote(model_path, list(rows), max_new_tokens, batch_size, keep_samples, extract=extract))
 
 
 def rollout_accuracy(client: Any, rows: Sequence[dict[str, Any]], max_new_tokens: int,
@@ -62,3 +64,18 @@ def rollout_accuracy(client: Any, rows: Sequence[dict[str, Any]], max_new_tokens
     return {"accuracy": sum(hits) / max(1, len(hits)), "n": len(hits), "weight_version": outs[0]["version"],
             "samples": [{"answer": r["answer"], "completion": t, "correct": h}
                         for r, t, h in list(zip(rows, texts, hits))[:keep_samples]]}
+
+
+def heldout_accuracy(model_path: str, rows: Sequence[dict[str, Any]], ev: Any, scratch: Path,
+                     rollout: Any = None, keep_samples: int = 5) -> dict[str, Any]:
+    """Greedy accuracy of ``model_path`` as ``ev`` (an EvalConfig) says: ``engine: vllm`` deploys
+    it as a rollout app (``rollout``, a RolloutConfig; None: its defaults) for the evaluation,
+    ``transformers`` runs ``accuracy`` as a Ray task."""
+    if ev.engine == "vllm":
+        from raypost.config.serve import RolloutConfig
+        from raypost.serve.oneshot import served
+
+        with served(model_path, rollout or RolloutConfig(), "eval", scratch, chunk=ev.batch_size) as client:
+            return rollout_accuracy(client, rows, ev.max_new_tokens, keep_samples, extract=ev.extract)
+    return remote_accuracy(model_path, rows, ev.max_new_tokens, ev.batch_size, extract=ev.extract,
+                           keep_samples=keep_samples)

@@ -67,13 +67,19 @@ def from_config(teacher_path: str, shape: TinyModelConfig, out_dir: str | Path) 
     return _save(model, teacher_path, out)
 
 
-def kept_layers(num_layers: int, keep_every: int) -> list[int]:
-    """Indices of the teacher's layers a pruned student keeps: 0, k, 2k, ... below ``num_layers``."""
-    return list(range(0, num_layers, keep_every))
+def kept_layers(num_layers: int, keep_every: int, keep: list[int] | None = None) -> list[int]:
+    """Indices of the teacher's layers a pruned student keeps: ``keep`` when given (checked against
+    ``num_layers``), else 0, k, 2k, ... below ``num_layers``."""
+    if keep is None:
+        return list(range(0, num_layers, keep_every))
+    if max(keep) >= num_layers:
+        raise ValueError(f"student.keep_layers names layer {max(keep)}, but the teacher has {num_layers} layers "
+                         f"(0..{num_layers - 1})")
+    return list(keep)
 
 
-def pruned(teacher_path: str, keep_every: int, out_dir: str | Path) -> Path:
-    """A copy of the teacher with every ``keep_every``-th decoder layer (see ``kept_layers``)."""
+def pruned(teacher_path: str, keep_every: int, out_dir: str | Path, keep: list[int] | None = None) -> Path:
+    """A copy of the teacher with the decoder layers ``kept_layers`` names, in order."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -82,9 +88,10 @@ def pruned(teacher_path: str, keep_every: int, out_dir: str | Path) -> Path:
         return out
     model = AutoModelForCausalLM.from_pretrained(resolve(teacher_path), dtype=torch.float32)
     layers = _decoder_layers(model)
-    keep = kept_layers(len(layers), keep_every)
+    keep = kept_layers(len(layers), keep_every, keep)
     if len(keep) == len(layers):
-        raise ValueError(f"student.keep_every {keep_every} keeps all {len(layers)} layers of the teacher; use 2 or more")
+        raise ValueError(f"the pruned student keeps all {len(layers)} layers of the teacher; raise "
+                         f"student.keep_every (2 or more) or list fewer student.keep_layers")
     # Saved and loaded back (layers renumbered by their place in the list) before any use.
     model.model.layers = torch.nn.ModuleList([layers[i] for i in keep])
     model.config.num_hidden_layers = len(keep)

@@ -57,10 +57,13 @@ def student_sft(cfg: DistillConfig, out: Path) -> SFTConfig:
 
 
 def teacher(cfg: DistillConfig, base_path: str, data: PreparedData, run_dir: Path) -> Phase:
-    """``teacher.path``, or the tiny base model SFT-trained here."""
-    if cfg.teacher.path is not None:
-        return Phase(cfg.teacher.path, 0.0)
-    sft_cfg = SFTConfig(model=ModelConfig(tiny=cfg.teacher.tiny), data=cfg.data, optim=cfg.teacher.optim,
+    """``teacher.path`` as is, or SFT-trained here on the task's demos: the tiny base model
+    (no path), or the model at ``teacher.path`` with ``teacher.finetune``."""
+    t = cfg.teacher
+    if t.path is not None and not t.finetune:
+        return Phase(t.path, 0.0)
+    model = ModelConfig(tiny=t.tiny) if t.path is None else ModelConfig(path=t.path)
+    sft_cfg = SFTConfig(model=model, data=cfg.data, optim=cfg.teacher.optim,
                         deepspeed=cfg.deepspeed, resources=cfg.resources, eval=cfg.eval, train=cfg.teacher.train,
                         run=cfg.run.model_copy(update={"name": "teacher", "storage_path": str(run_dir)}))
     return once(run_dir / "teacher_done.json", lambda: run_sft(sft_cfg, base_path, data, run_dir / "teacher"))
@@ -90,7 +93,7 @@ def student_base(cfg: DistillConfig, teacher_path: str, run_dir: Path) -> str:
 
     out = run_dir / "student_base"
     if cfg.student.init == "prune":
-        return str(student.pruned(teacher_path, cfg.student.keep_every, out))
+        return str(student.pruned(teacher_path, cfg.student.keep_every, out, cfg.student.keep_layers))
     return str(student.from_config(teacher_path, cfg.model.tiny, out))
 
 
@@ -101,7 +104,8 @@ def student_info(cfg: DistillConfig, teacher_path: str, student_path: str) -> di
     info: dict[str, Any] = {"init": "path" if cfg.model.path else cfg.student.init,
                             "student": student.describe(student_path), "teacher": student.describe(teacher_path)}
     if info["init"] == "prune":
-        info["kept_layers"] = student.kept_layers(info["teacher"]["num_layers"], cfg.student.keep_every)
+        info["kept_layers"] = student.kept_layers(info["teacher"]["num_layers"], cfg.student.keep_every,
+                                                  cfg.student.keep_layers)
     return info
 
 
@@ -210,10 +214,10 @@ def baseline(cfg: DistillConfig, student_path: str, data: PreparedData, run_dir:
     return once(run_dir / "baseline_done.json", make)
 
 
-def evaluate(cfg: DistillConfig, model_path: str, data: PreparedData) -> dict[str, Any]:
-    from raypost.eval import remote_accuracy
+def evaluate(cfg: DistillConfig, model_path: str, data: PreparedData, scratch: Path) -> dict[str, Any]:
+    """Held-out greedy accuracy (eval.engine: transformers, or a vLLM replica with the rollout settings)."""
+    from raypost.eval import heldout_accuracy
 
     t0 = time.time()
-    out = remote_accuracy(model_path, data.eval_rows(cfg.data.max_eval_samples), cfg.eval.max_new_tokens,
-                          cfg.eval.batch_size, extract=cfg.eval.extract)
+    out = heldout_accuracy(model_path, data.eval_rows(cfg.data.max_eval_samples), cfg.eval, scratch, cfg.rollout)
     return {**out, "params": num_params(model_path), "eval_s": time.time() - t0}

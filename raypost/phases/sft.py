@@ -11,7 +11,7 @@ from typing import Any
 from raypost.config import SFTConfig
 from raypost.data import preprocess
 from raypost.data.teacher import TeacherSignal
-from raypost.eval import remote_accuracy
+from raypost.eval import heldout_accuracy
 from raypost.phases.data import PreparedData
 from raypost.train import checkpointing
 from raypost.train.sft_loop import sft_loop
@@ -50,11 +50,9 @@ def run_sft(cfg: SFTConfig, model_path: str, data: PreparedData, run_dir: Path,
     (``report_to_tune=False``)."""
     check_resources({"resources (learner)": learner_request(cfg.resources)})
     rows = preprocess.sft_rows(data.train, cfg.data, cfg.train.epochs, cfg.run.seed)
+    pass_info: dict[str, Any] = {}
     if teacher is not None:
-        t0, reused = time.time(), teacher.cache is not None and "rows" in teacher.cache
-        rows = teacher.annotate(rows)
-        took = "reused from this process's earlier pass" if reused else f"in {time.time() - t0:.1f}s"
-        log.info("teacher top-%d over %d packed rows %s", teacher.top_k, rows.count(), took)
+        rows, pass_info = _teacher_pass(teacher, rows, run_dir)
     eval_rows = preprocess.sft_rows(data.eval, cfg.data.model_copy(update={"pack": False}), 1, cfg.run.seed)
     total = plan_steps(cfg, rows.count())
     log.info("sft: %d packed rows, %d steps on %d workers", rows.count(), total, cfg.resources.num_workers)
@@ -66,10 +64,32 @@ def run_sft(cfg: SFTConfig, model_path: str, data: PreparedData, run_dir: Path,
     if result.error is not None:
         raise result.error
     ckpt_dir = Path(result.checkpoint.path)
-    return SFTResult(str(ckpt_dir / checkpointing.HF_DIR), total, time.time() - t0, dict(result.metrics or {}),
-                     str(ckpt_dir))
+    metrics = dict(result.metrics or {})
+    if pass_info:
+        metrics["mode_info"] = {"teacher_pass": {**pass_info, "per_step_s": pass_info["seconds"] / total}}
+    return SFTResult(str(ckpt_dir / checkpointing.HF_DIR), total, time.time() - t0, metrics, str(ckpt_dir))
 
 
-def evaluate(cfg: SFTConfig, model_path: str, data: PreparedData) -> dict[str, Any]:
-    rows = data.eval_rows(cfg.data.max_eval_samples)
-    return remote_accuracy(model_path, rows, cfg.eval.max_new_tokens, cfg.eval.batch_size, extract=cfg.eval.extract)
+def _teacher_pass(teacher: TeacherSignal, rows: Any, run_dir: Path) -> tuple[Any, dict[str, Any]]:
+    """The rows with the teacher's top-k (offline KD), and what the pass cost: its seconds and
+    the top-k's size as Parquet, written to ``run_dir/teacher_topk`` by the run that made the pass
+    (0 s when a run reuses an earlier run's pass through ``teacher.cache``)."""
+    from raypost.data.teacher import write_topk
+
+    t0, reused = time.time(), teacher.cache is not None and "rows" in teacher.cache
+    rows = teacher.annotate(rows)
+    seconds = 0.0 if reused else time.time() - t0
+    took = "reused from this process's earlier pass" if reused else f"in {seconds:.1f}s"
+    log.info("teacher top-%d over %d packed rows %s", teacher.top_k, rows.count(), took)
+    cache = teacher.cache if teacher.cache is not None else {}
+    if "size" not in cache:  # written once: runs that reuse the pass reuse its Parquet too
+        cache["size"] = write_topk(rows, run_dir / "teacher_topk", teacher.top_k)
+    size = cache["size"]
+    log.info("teacher top-%d: %d tokens, %.1f MB as Parquet (%.0f bytes a token)", teacher.top_k, size["tokens"],
+             size["bytes"] / 2**20, size["bytes"] / max(1, size["tokens"]))
+    return rows, {"seconds": seconds, "reused": reused, "top_k": teacher.top_k, **size}
+
+
+def evaluate(cfg: SFTConfig, model_path: str, data: PreparedData, scratch: Path) -> dict[str, Any]:
+    """Held-out greedy accuracy (eval.engine: transformers, or a vLLM replica at rollout defaults)."""
+    return heldout_accuracy(model_path, data.eval_rows(cfg.data.max_eval_samples), cfg.eval, scratch)

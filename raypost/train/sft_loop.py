@@ -91,7 +91,7 @@ def sft_loop(config: dict[str, Any]) -> None:
     progress = Progress(total, state.step, "sft")
     global_batch = cfg.optim.micro_batch_size * cfg.optim.grad_accum * world
     shard = ray.train.get_dataset_shard("train")
-    window_tokens, window_t0, metrics = 0.0, time.time(), {}
+    window_tokens, window_steps, window_t0, metrics = 0.0, 0, time.time(), {}
     for index, batch in enumerate(shard.iter_batches(batch_size=global_batch, batch_format="numpy", drop_last=True)):
         if index == 0 and rank == 0:
             log.info("first batch after %.1fs of data start-up", time.time() - window_t0)
@@ -106,15 +106,15 @@ def sft_loop(config: dict[str, Any]) -> None:
             # packed rows carry "id1,id2,...": log every example
             ids = [i for packed in batch["sample_ids"] for i in str(packed).split(",")]
             checkpointing.log_trained(config["run_dir"], state.step, ids)
-        window_tokens += tokens
+        window_tokens, window_steps = window_tokens + tokens, window_steps + 1
         last = state.step >= total
         logged = state.step % cfg.run.log_every == 0 or last
         if logged:
             loss_g, tok_g = all_sum(loss, window_tokens)
             dt = time.time() - window_t0
             metrics = {"phase": "sft", "loss": loss_g, "tokens_per_s": tok_g / max(dt, 1e-9),
-                       "lr": engine.get_lr()[0], **extra}  # extra: rank 0's objective metrics
-            window_tokens, window_t0 = 0.0, time.time()
+                       "step_s": dt / window_steps, "lr": engine.get_lr()[0], **extra}  # extra: rank 0's objective
+            window_tokens, window_steps, window_t0 = 0.0, 0, time.time()
         if last or (cfg.train.eval_every and state.step % cfg.train.eval_every == 0):
             # its own cadence: a checkpoint's report carries the eval loss even between log lines
             metrics["eval_loss"] = eval_loss(engine, tokenizer.pad_token_id, rank, world, cfg.optim.micro_batch_size)

@@ -1,0 +1,237 @@
+"""Distillation modes side by side, at equal steps, from the same student (issue 23).
+
+One Ray job, as ``pipelines/distill.py`` runs its phases, but every mode on the same teacher and
+the same student start:
+
+1. the teacher: ``teacher.path`` as is, or fine-tuned here on the task's demos (``teacher.finetune``);
+2. the student start: built from the teacher once (``student.init``: pruned or from config);
+3. for each seed, each mode trains that start for the same number of optimizer steps on the same
+   training problems:
+     sft         plain SFT on the gold demos (the baseline)
+     kd_forward  offline logit KD, forward KL on the teacher's top-k (+ CE, distill.kd_weight)
+     kd_jsd      offline logit KD, generalized JSD (beta = distill.beta)
+     seq_kd      SFT on the teacher's own greedy answers to the training prompts
+     on_policy   the student samples on Serve, a teacher replica scores (GKD, JSD on top-k)
+4. greedy held-out accuracy of every model on the same rows.
+
+The teacher pass (offline KD) and the teacher scoring (on-policy) are reported per step; the
+top-k is written as Parquet and its size reported. Finished cells are kept (``seed<s>/<mode>.json``
+in the run folder): re-running the command, with more seeds or modes, trains only what is missing.
+
+    .venv/bin/python benchmarks/distill_compare.py                   # examples/distill_smollm2.yaml
+    .venv/bin/python benchmarks/distill_compare.py --seeds 0 --modes sft kd_forward -- --train.max_steps 10
+
+Prints a table and writes benchmarks/out/distill_smollm2.json (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import OUT, ROOT, table  # noqa: E402
+
+MODES: dict[str, dict[str, Any]] = {
+    "sft": {},
+    "kd_forward": {"mode": "offline_kd", "divergence": "forward_kl"},
+    "kd_jsd": {"mode": "offline_kd", "divergence": "jsd"},
+    "seq_kd": {"mode": "seq_kd"},
+    "on_policy": {"mode": "on_policy", "warm_start": False},
+}
+
+
+def cell_config(cfg: Any, mode: str, seed: int) -> Any:
+    """The run's config for one (mode, seed) cell."""
+    distill = cfg.distill.model_copy(update=MODES[mode])
+    return cfg.model_copy(update={"distill": distill, "run": cfg.run.model_copy(update={"seed": seed})})
+
+
+def train_cell(cfg: Any, mode: str, teacher: str, start: str, data: Any, out: Path, cache: dict) -> Any:
+    """Train one cell once (a finished cell is read back from its marker)."""
+    from raypost.phases import distill as phases
+    from raypost.phases.sft import run_sft
+
+    def make() -> Any:
+        if mode == "sft":
+            return run_sft(phases.student_sft(cfg, out), start, data, out)
+        if cfg.distill.mode == "offline_kd":
+            return run_sft(phases.student_sft(cfg, out), start, data, out,
+                           teacher=phases.kd_signal(cfg, teacher, cache))
+        return phases.MODES.get_fn(cfg.distill.mode)(cfg, teacher, start, data, out)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return phases.once(out.parent / f"{out.name}_done.json", make)
+
+
+def step_costs(out: Path, mode: str, info: dict) -> dict[str, float]:
+    """Median step seconds of a cell (first step left out: start-up), and the teacher's share."""
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "step_s" in r][1:] or [r for r in rows if "step_s" in r]
+    costs = {"step_s": statistics.median(r["step_s"] for r in steps), "steps": max(r["step"] for r in rows)}
+    if mode == "on_policy":
+        costs["teacher_s_per_step"] = statistics.median(r["teacher_s"] for r in steps)
+        costs["generate_s_per_step"] = statistics.median(r["generate_s"] for r in steps)
+    if "teacher_pass" in info:  # offline KD: the pass, spread over the steps (shared by a seed's KD cells)
+        costs["teacher_s_per_step"] = info["teacher_pass"]["per_step_s"]
+    return costs
+
+
+def share_teacher_pass(cells: list[dict]) -> None:
+    """A KD cell that reused its seed's teacher pass is charged the same pass per step as the
+    cell that ran it: both stand for one KD run of that cost."""
+    paid = {c["seed"]: c["teacher_s_per_step"] for c in cells
+            if "teacher_pass" in c["info"] and not c["info"]["teacher_pass"]["reused"]}
+    for c in cells:
+        if "teacher_pass" in c["info"] and c["info"]["teacher_pass"]["reused"] and c["seed"] in paid:
+            c["teacher_s_per_step"] = paid[c["seed"]]
+
+
+def gold_fit(cfg: Any, models: dict[str, str], n: int = 64) -> dict[str, dict[str, float]]:
+    """How each model fits the held-out gold solutions, teacher-forced: cross-entropy (nats per
+    completion token), mean probability of the gold token, and entropy of the next-token
+    distribution. A teacher that is near one-hot on the gold tokens gives KD little beyond CE."""
+    import torch
+
+    from raypost.data import prompt_ids
+    from raypost.data.sources import synthetic_rows
+    from raypost.data.tokenize import completion_ids
+    from raypost.models.hf import load_causal_lm, load_tokenizer
+
+    d = cfg.data
+    rows = synthetic_rows(d, "eval")[:n]
+    out = {}
+    for name, path in models.items():
+        tok, model = load_tokenizer(path), load_causal_lm(path).eval()
+        ce = p_gold = entropy = 0.0
+        count = 0
+        for r in rows:
+            prompt = prompt_ids(tok, r["question"], d.system_prompt, d.prompt_template)
+            target = completion_ids(tok, r["answer"])
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([prompt + target])).logits[0, len(prompt) - 1:-1].float()
+            logp = torch.log_softmax(logits, -1)
+            gold = logp.gather(1, torch.tensor(target)[:, None])[:, 0]
+            ce, p_gold = ce - gold.sum().item(), p_gold + gold.exp().sum().item()
+            entropy += -(logp.exp() * logp).sum(-1).sum().item()
+            count += len(target)
+        out[name] = {"ce": ce / count, "p_gold": p_gold / count, "entropy": entropy / count, "tokens": count}
+    return out
+
+
+def run(args: argparse.Namespace) -> dict:
+    from raypost.config import ModelConfig, load_config
+    from raypost.config.distill import DistillConfig
+    from raypost.phases import data as data_phase
+    from raypost.phases import distill as phases
+
+    cfg = load_config(DistillConfig, ["--config", args.config, "--run.name", args.name, *args.overrides])
+    run_dir = data_phase.start_run(cfg)
+    t0 = time.time()
+    base, data = data_phase.prepare(cfg.data, ModelConfig(path=cfg.teacher.path, tiny=cfg.teacher.tiny), run_dir)
+    teacher = phases.teacher(cfg, base, data, run_dir)
+    start = phases.student_base(cfg, teacher.model_path, run_dir)
+    evaluate: Callable[[str], dict] = lambda path: phases.evaluate(cfg, path, data, run_dir)  # noqa: E731
+    models = run_dir / "compare_models.json"  # the teacher's and the start's figures, kept for a re-run
+    if not models.is_file():
+        fit = gold_fit(cfg, {"teacher": teacher.model_path, "student start": start})
+        models.write_text(json.dumps({
+            "shapes": phases.student_info(cfg, teacher.model_path, start), "gold_fit": fit,
+            # the fine-tune's own time, also when an earlier run of this command did it
+            "teacher": {"path": teacher.model_path, "finetune_s": _marker_wall(run_dir / "teacher_done.json"),
+                        **_brief(evaluate(teacher.model_path))},
+            "start": _brief(evaluate(start))}))
+    result: dict[str, Any] = {"config": args.config, "overrides": args.overrides,
+                              "heldout_n": cfg.data.max_eval_samples, **json.loads(models.read_text()), "cells": []}
+    print(f"teacher {result['teacher']['accuracy']:.3f}, student start {result['start']['accuracy']:.3f}; "
+          f"teacher-forced fit of the held-out gold solutions: {result['gold_fit']}", flush=True)
+    for seed in args.seeds:
+        cache: dict = {}  # the teacher's top-k: one pass per seed (its row order), shared by both KD cells
+        for mode in args.modes:
+            record = run_dir / f"seed{seed}" / f"{mode}.json"  # a finished cell, kept for a re-run
+            if not record.is_file():
+                c = cell_config(cfg, mode, seed)
+                phases.check_placement(c)
+                out = run_dir / f"seed{seed}" / mode
+                t1 = time.time()
+                phase = train_cell(c, mode, teacher.model_path, start, data, out, cache)
+                acc = evaluate(phase.model_path)
+                cell = {"seed": seed, "mode": mode, **_brief(acc), "train_wall_s": phase.wall_s,
+                        "cell_wall_s": time.time() - t1, **step_costs(out, mode, phase.info), "info": phase.info}
+                record.write_text(json.dumps(cell))
+            result["cells"].append(json.loads(record.read_text()))
+            print(f"seed {seed} {mode}: held-out {result['cells'][-1]['accuracy']:.3f}", flush=True)
+    share_teacher_pass(result["cells"])
+    result["this_run_wall_s"] = time.time() - t0
+    # The comparison's own time, whichever runs of the command did the work: the teacher's
+    # fine-tune, the two start evaluations and every cell (training and evaluation).
+    t = result["teacher"]
+    result["comparison_s"] = (t["finetune_s"] + t["eval_s"] + result["start"]["eval_s"]
+                              + sum(c["cell_wall_s"] for c in result["cells"]))
+    result["summary"] = summarize(result)
+    return result
+
+
+def _marker_wall(marker: Path) -> float:
+    return json.loads(marker.read_text()).get("wall_s", 0.0) if marker.is_file() else 0.0
+
+
+def _brief(ev: dict) -> dict:
+    return {"accuracy": ev["accuracy"], "params": ev["params"], "eval_s": ev["eval_s"], "samples": ev["samples"][:3]}
+
+
+def summarize(result: dict) -> dict:
+    """Per mode: mean accuracy, its gain over SFT on each seed, and the share of the teacher's."""
+    cells, teacher = result["cells"], result["teacher"]["accuracy"]
+    sft = {c["seed"]: c["accuracy"] for c in cells if c["mode"] == "sft"}
+    out: dict[str, Any] = {}
+    for mode in dict.fromkeys(c["mode"] for c in cells):
+        mine = [c for c in cells if c["mode"] == mode]
+        mean = statistics.mean(c["accuracy"] for c in mine)
+        out[mode] = {"accuracy_mean": mean, "of_teacher": mean / teacher if teacher else None,
+                     "gain_over_sft": {c["seed"]: c["accuracy"] - sft[c["seed"]] for c in mine if c["seed"] in sft},
+                     "step_s": statistics.mean(c["step_s"] for c in mine),
+                     "train_wall_s": statistics.mean(c["train_wall_s"] for c in mine)}
+    return out
+
+
+def print_table(result: dict) -> None:
+    rows = []
+    for mode, s in result["summary"].items():
+        per_seed = [c for c in result["cells"] if c["mode"] == mode]
+        teacher_s = [c.get("teacher_s_per_step") for c in per_seed if c.get("teacher_s_per_step") is not None]
+        rows.append([mode, " / ".join(f"{c['accuracy']:.3f}" for c in per_seed), f"{s['accuracy_mean']:.3f}",
+                     " / ".join(f"{g:+.3f}" for g in s["gain_over_sft"].values()),
+                     f"{s['of_teacher']:.2f}" if s["of_teacher"] is not None else "-", f"{s['step_s']:.1f}",
+                     f"{statistics.mean(teacher_s):.2f}" if teacher_s else "-", f"{s['train_wall_s'] / 60:.1f}"])
+    t, st = result["teacher"], result["start"]
+    print(table(f"\nDistillation on {result['config']}: teacher {t['accuracy']:.3f} ({t['params'] / 1e6:.0f}M), "
+                f"student start {st['accuracy']:.3f} ({st['params'] / 1e6:.0f}M), held-out n={result['heldout_n']}",
+                ["mode", "held-out per seed", "mean", "vs SFT per seed", "of teacher", "step s",
+                 "teacher s/step", "train min"], rows))
+    print(f"whole comparison: {result['comparison_s'] / 60:.1f} min (teacher fine-tune {t['finetune_s'] / 60:.1f} "
+          f"min; every cell's training and evaluation)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=str(ROOT / "examples" / "distill_smollm2.yaml"))
+    ap.add_argument("--name", default="distill-compare", help="run folder under run.storage_path (resumes)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    ap.add_argument("--out", default=str(OUT / "distill_smollm2.json"))
+    ap.add_argument("overrides", nargs="*", help="config overrides after --, e.g. -- --train.max_steps 10")
+    args = ap.parse_args()
+    result = run(args)
+    print_table(result)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
