@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import ray
 import torch
 
 from raypost.rewards.verifiers import answers_match
+
+if TYPE_CHECKING:
+    from raypost.config import EvalConfig
+    from raypost.config.serve import RolloutConfig
 
 
 def greedy_completions(model: Any, prompts: Sequence[Sequence[int]], pad_id: int, eos_id: int,
@@ -66,11 +70,11 @@ def rollout_accuracy(client: Any, rows: Sequence[dict[str, Any]], max_new_tokens
                         for r, t, h in list(zip(rows, texts, hits))[:keep_samples]]}
 
 
-def heldout_accuracy(model_path: str, rows: Sequence[dict[str, Any]], ev: Any, scratch: Path,
-                     rollout: Any = None, keep_samples: int = 5) -> dict[str, Any]:
-    """Greedy accuracy of ``model_path`` as ``ev`` (an EvalConfig) says: ``engine: vllm`` deploys
-    it as a rollout app (``rollout``, a RolloutConfig; None: its defaults) for the evaluation,
-    ``transformers`` runs ``accuracy`` as a Ray task."""
+def heldout_accuracy(model_path: str, rows: Sequence[dict[str, Any]], ev: EvalConfig, scratch: Path,
+                     rollout: RolloutConfig | None = None, keep_samples: int = 5) -> dict[str, Any]:
+    """Greedy accuracy of ``model_path`` as ``ev`` says: ``engine: vllm`` deploys it as a rollout
+    app (``rollout``; None: RolloutConfig's defaults) for the evaluation, ``transformers`` runs
+    ``accuracy`` as a Ray task."""
     if ev.engine == "vllm":
         from raypost.config.serve import RolloutConfig
         from raypost.serve.oneshot import served
