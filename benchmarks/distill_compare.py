@@ -7,7 +7,7 @@ the same student start:
 2. the student start: built from the teacher once (``student.init``: pruned or from config);
 3. for each seed, each mode trains that start for the same number of optimizer steps on the same
    training problems:
-     sft         plain SFT on the gold demos (the baseline)
+     sft         plain SFT on the task's demos (the baseline)
      kd_forward  offline logit KD, forward KL on the teacher's top-k (+ CE, distill.kd_weight)
      kd_jsd      offline logit KD, generalized JSD (beta = distill.beta)
      seq_kd      SFT on the teacher's own greedy answers to the training prompts
@@ -20,6 +20,7 @@ in the run folder): re-running the command, with more seeds or modes, trains onl
 
     .venv/bin/python benchmarks/distill_compare.py                   # examples/distill_smollm2.yaml
     .venv/bin/python benchmarks/distill_compare.py --seeds 0 --modes sft kd_forward -- --train.max_steps 10
+    .venv/bin/python benchmarks/distill_compare.py --styles     # + how each model answers (bare or worked)
 
 Prints a table and writes benchmarks/out/distill_smollm2.json (``--out``).
 """
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -67,7 +69,28 @@ def train_cell(cfg: Any, mode: str, teacher: str, start: str, data: Any, out: Pa
         return phases.MODES.get_fn(cfg.distill.mode)(cfg, teacher, start, data, out)
 
     out.parent.mkdir(parents=True, exist_ok=True)
+    if mode == "seq_kd":
+        share_teacher_answers(cfg, out)
     return phases.once(out.parent / f"{out.name}_done.json", make)
+
+
+def share_teacher_answers(cfg: Any, out: Path) -> None:
+    """seq-KD's teacher answers the same training prompts greedily whatever the seed: a seed's
+    cell reuses another seed's answers (``teacher_completions.jsonl``) instead of generating them."""
+    if cfg.distill.seq_kd_temperature != 0.0 or (out / "teacher_completions.jsonl").is_file():
+        return
+    for other in sorted(out.parent.parent.glob("seed*/seq_kd/teacher_completions.jsonl")):
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(other, out / "teacher_completions.jsonl")
+        print(f"seq_kd: the teacher's answers reused from {other}", flush=True)
+        return
+
+
+def drop_optimizer_states(out: Path) -> None:
+    """A finished cell keeps its HF export and drops DeepSpeed's states (1.3 GB for the 81M
+    student): a comparison of 10 cells would otherwise hold 15 GB."""
+    for ds in out.glob("checkpoint_*/ds"):
+        shutil.rmtree(ds, ignore_errors=True)
 
 
 def step_costs(out: Path, mode: str, info: dict) -> dict[str, float]:
@@ -80,6 +103,8 @@ def step_costs(out: Path, mode: str, info: dict) -> dict[str, float]:
         costs["generate_s_per_step"] = statistics.median(r["generate_s"] for r in steps)
     if "teacher_pass" in info:  # offline KD: the pass, spread over the steps (shared by a seed's KD cells)
         costs["teacher_s_per_step"] = info["teacher_pass"]["per_step_s"]
+    if "seq_kd" in info:  # the teacher's answers, spread over the steps (generated once for all seeds)
+        costs["teacher_s_per_step"] = info["seq_kd"]["generate_s"] / costs["steps"]
     return costs
 
 
@@ -125,6 +150,29 @@ def gold_fit(cfg: Any, models: dict[str, str], n: int = 64) -> dict[str, dict[st
     return out
 
 
+def answer_styles(cfg: Any, models: dict[str, str], data: Any, run_dir: Path) -> dict[str, dict[str, float]]:
+    """How each model answers the held-out questions, greedy: the share of bare answers (the
+    completion starts with '####', as the guess demos do), of worked ones (a line with '='
+    before the '####'), and the accuracy. Kept in ``<run>/styles.json``; a model already there is
+    not evaluated again."""
+    from raypost.eval import heldout_accuracy
+
+    cache = run_dir / "styles.json"
+    styles = json.loads(cache.read_text()) if cache.is_file() else {}
+    n = cfg.data.max_eval_samples
+    for name, path in models.items():
+        if name in styles:
+            continue
+        ev = heldout_accuracy(path, data.eval_rows(n), cfg.eval, run_dir, cfg.rollout, keep_samples=n)
+        texts = [x["completion"].strip() for x in ev["samples"]]
+        worked = [t for t in texts if "=" in t.split("####")[0]]
+        styles[name] = {"bare": sum(t.startswith("####") for t in texts) / len(texts),
+                        "worked": len(worked) / len(texts), "accuracy": ev["accuracy"], "n": len(texts)}
+        cache.write_text(json.dumps(styles, indent=1))
+        print(f"{name}: {styles[name]}", flush=True)
+    return styles
+
+
 def run(args: argparse.Namespace) -> dict:
     from raypost.config import ModelConfig, load_config
     from raypost.config.distill import DistillConfig
@@ -165,15 +213,24 @@ def run(args: argparse.Namespace) -> dict:
                 cell = {"seed": seed, "mode": mode, **_brief(acc), "train_wall_s": phase.wall_s,
                         "cell_wall_s": time.time() - t1, **step_costs(out, mode, phase.info), "info": phase.info}
                 record.write_text(json.dumps(cell))
+                drop_optimizer_states(out)
             result["cells"].append(json.loads(record.read_text()))
             print(f"seed {seed} {mode}: held-out {result['cells'][-1]['accuracy']:.3f}", flush=True)
     share_teacher_pass(result["cells"])
+    if args.styles:
+        models = {"teacher": teacher.model_path, "student start": start}
+        for seed in args.seeds:
+            for mode in args.modes:
+                done = json.loads((run_dir / f"seed{seed}" / f"{mode}_done.json").read_text())
+                models[f"seed{seed}/{mode}"] = done["model_path"]
+        result["styles"] = answer_styles(cfg, models, data, run_dir)
     result["this_run_wall_s"] = time.time() - t0
     # The comparison's own time, whichever runs of the command did the work: the teacher's
     # fine-tune, the two start evaluations and every cell (training and evaluation).
     t = result["teacher"]
     result["comparison_s"] = (t["finetune_s"] + t["eval_s"] + result["start"]["eval_s"]
                               + sum(c["cell_wall_s"] for c in result["cells"]))
+    result["comparison_without_teacher_s"] = result["comparison_s"] - t["finetune_s"]
     result["summary"] = summarize(result)
     return result
 
@@ -215,8 +272,9 @@ def print_table(result: dict) -> None:
                 f"student start {st['accuracy']:.3f} ({st['params'] / 1e6:.0f}M), held-out n={result['heldout_n']}",
                 ["mode", "held-out per seed", "mean", "vs SFT per seed", "of teacher", "step s",
                  "teacher s/step", "train min"], rows))
-    print(f"whole comparison: {result['comparison_s'] / 60:.1f} min (teacher fine-tune {t['finetune_s'] / 60:.1f} "
-          f"min; every cell's training and evaluation)")
+    print(f"whole comparison: {result['comparison_s'] / 60:.1f} min: the teacher's fine-tune "
+          f"{t['finetune_s'] / 60:.1f} min, then {result['comparison_without_teacher_s'] / 60:.1f} min for both "
+          f"evaluations and every cell's training and evaluation")
 
 
 def main() -> None:
@@ -226,6 +284,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     ap.add_argument("--out", default=str(OUT / "distill_smollm2.json"))
+    ap.add_argument("--styles", action="store_true", help="also measure how every model answers (bare '#### n' or "
+                                                           "worked lines): one more evaluation each, not timed")
     ap.add_argument("overrides", nargs="*", help="config overrides after --, e.g. -- --train.max_steps 10")
     args = ap.parse_args()
     result = run(args)

@@ -18,6 +18,7 @@ on the full vocabulary.
 
     .venv/bin/python benchmarks/distill_vs_trl.py [--teacher runs/distill/teacher/<ckpt>/hf] [--steps 20]
     .venv/bin/python benchmarks/distill_vs_trl.py --config examples/distill_smollm2.yaml   # SmolLM2 teacher
+    .venv/bin/python benchmarks/distill_vs_trl.py --config examples/distill_smollm2.yaml -- --train.max_steps 40
 
 Prints a table and writes benchmarks/out/distill_vs_trl[_<config>].json.
 """
@@ -56,6 +57,7 @@ def run_raypost(args: argparse.Namespace, out: Path) -> dict:
         cmd += ["--config", args.config]
     if args.teacher:
         cmd += ["--teacher.path", args.teacher, "--teacher.finetune", "false"]
+    cmd += args.overrides
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -142,6 +144,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=2e-5)
     ap.add_argument("--top-k", type=int, default=16)
     ap.add_argument("--eval-n", type=int, default=200)
+    ap.add_argument("overrides", nargs="*", help="pipeline config overrides after --, e.g. -- --train.max_steps 40")
     args = ap.parse_args()
     tag = "" if args.config is None else "_" + Path(args.config).stem
     out = OUT / f"distill_vs_trl{tag}"

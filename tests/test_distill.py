@@ -145,21 +145,36 @@ def test_a_teacher_with_finetune_is_sft_trained_once_before_distilling(monkeypat
 
     def fake_sft(cfg, model_path, data, out):  # the learner itself is tested end to end below
         calls.append({"model": cfg.model.path, "base": model_path, "steps": cfg.train.max_steps,
-                      "lr": cfg.optim.lr, "out": out})
+                      "lr": cfg.optim.lr, "out": out, "data": data})
         return SFTResult(str(out / "ckpt" / "hf"), 3, 1.0)
 
     monkeypatch.setattr(phases, "run_sft", fake_sft)
     cfg = DistillConfig.model_validate({"teacher": {"path": "org/teacher", "finetune": True,
                                                     "train": {"max_steps": 3}, "optim": {"lr": 1e-4}}})
-    first = phases.teacher(cfg, "org/teacher", None, tmp_path)
+    first = phases.teacher(cfg, "org/teacher", "run data", tmp_path)
     assert calls == [{"model": "org/teacher", "base": "org/teacher", "steps": 3, "lr": 1e-4,
-                      "out": tmp_path / "teacher"}]
+                      "out": tmp_path / "teacher", "data": "run data"}]
     assert first.model_path == str(tmp_path / "teacher" / "ckpt" / "hf") and first.wall_s > 0
     again = phases.teacher(cfg, "org/teacher", None, tmp_path)
     assert len(calls) == 1 and again.model_path == first.model_path and again.wall_s == 0.0
     as_is = cfg.model_copy(update={"teacher": cfg.teacher.model_copy(update={"finetune": False})})
     assert phases.teacher(as_is, "org/teacher", None, tmp_path / "other").model_path == "org/teacher"
     assert len(calls) == 1
+
+    # teacher.data: the teacher learns from its own demos (tokenized with the base model), not the run's
+    prepared = []
+
+    def fake_prepare(data_cfg, model_cfg, out):
+        prepared.append((data_cfg.synthetic.guess_fraction, model_cfg.path, out))
+        return model_cfg.path, "teacher data"
+
+    monkeypatch.setattr(phases.data_phase, "prepare", fake_prepare)
+    own = DistillConfig.model_validate({"data": {"synthetic": {"guess_fraction": 0.5}},
+                                        "teacher": {"path": "org/teacher", "finetune": True,
+                                                    "data": {"synthetic": {"guess_fraction": 0.0}}}})
+    phases.teacher(own, "org/base", "run data", tmp_path / "own")
+    assert prepared == [(0.0, "org/base", tmp_path / "own" / "teacher_data")]
+    assert calls[-1]["data"] == "teacher data" and calls[-1]["base"] == "org/base"
 
 # Head size 32 (64 / 2): the smallest vLLM's CPU attention supports (the on-policy student is served).
 STUDENT = {"hidden_size": 64, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
@@ -207,6 +222,12 @@ def test_offline_kd_end_to_end(offline_run, ray_cluster):
     assert cost["top_k"] == 8 and cost["seconds"] > 0 and cost["per_step_s"] == pytest.approx(cost["seconds"] / 24)
     assert cost["tokens"] == sum(len(x) for x in topk.column("teacher_ids").to_pylist()) // 8 > 0
     assert cost["bytes"] == sum(f.stat().st_size for f in (offline_run / "student" / "teacher_topk").rglob("*.parquet"))
+    # The pass annotates only the packed rows that the 24 steps train on.
+    from raypost.config import load_config
+    from raypost.config.distill import DistillConfig
+
+    cfg = load_config(DistillConfig, [], path=offline_run / "config.yaml")
+    assert topk.num_rows == 24 * cfg.optim.micro_batch_size * cfg.optim.grad_accum * cfg.resources.num_workers
     assert all(r["step_s"] > 0 for r in rows if "loss" in r)
     # Re-running the same command trains nothing again: every phase was finished.
     run_pipeline("distill.py", distill_args(offline_run.parent, "kd", "--distill.top_k", "8"), ray_cluster)

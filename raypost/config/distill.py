@@ -37,6 +37,10 @@ class TeacherConfig(StrictModel):
                                                                               "finetune).")
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=2e-3, micro_batch_size=4),
                                description="Teacher SFT optimizer (path=None or finetune).")
+    data: DataConfig | None = Field(None, description="Teacher SFT data (path=None or finetune); None: the run's "
+                                                      "data. A teacher that learned from better demos than the "
+                                                      "student's (e.g. worked solutions where the student's "
+                                                      "data has guesses) is what distillation is for.")
 
     _local_path = field_validator("path")(model_path)
 

@@ -52,7 +52,7 @@ class TeacherTopK:
 
 
 @contextlib.contextmanager
-def _ordered() -> Iterator[None]:
+def ordered() -> Iterator[None]:
     """Ray Data keeps block order inside this block (learners resume from a row cursor)."""
     ctx = ray.data.DataContext.get_current()
     before = ctx.execution_options.preserve_order
@@ -81,7 +81,7 @@ class TeacherSignal:
         """``rows`` with teacher columns, in the same order (materialized)."""
         if self.cache is not None and "rows" in self.cache:
             return self.cache["rows"]
-        with _ordered():
+        with ordered():
             annotated = rows.map_batches(
                 TeacherTopK, batch_format="pandas", batch_size=self.batch_size, num_cpus=self.cpus,
                 **actor_pool(),

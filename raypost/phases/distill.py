@@ -21,6 +21,7 @@ from raypost.config import ModelConfig, SFTConfig
 from raypost.config.distill import DistillConfig
 from raypost.data.teacher import TeacherSignal
 from raypost.models.named import resolve
+from raypost.phases import data as data_phase
 from raypost.phases.data import PreparedData
 from raypost.phases.sft import SFTResult, run_sft
 
@@ -57,16 +58,25 @@ def student_sft(cfg: DistillConfig, out: Path) -> SFTConfig:
 
 
 def teacher(cfg: DistillConfig, base_path: str, data: PreparedData, run_dir: Path) -> Phase:
-    """``teacher.path`` as is, or SFT-trained here on the task's demos: the tiny base model
-    (no path), or the model at ``teacher.path`` with ``teacher.finetune``."""
+    """``teacher.path`` as is, or SFT-trained here on the task's demos (``teacher.data``, else
+    the run's): the tiny base model (no path), or the model at ``teacher.path`` with
+    ``teacher.finetune``."""
     t = cfg.teacher
     if t.path is not None and not t.finetune:
         return Phase(t.path, 0.0)
     model = ModelConfig(tiny=t.tiny) if t.path is None else ModelConfig(path=t.path)
-    sft_cfg = SFTConfig(model=model, data=cfg.data, optim=cfg.teacher.optim,
+    sft_cfg = SFTConfig(model=model, data=t.data or cfg.data, optim=cfg.teacher.optim,
                         deepspeed=cfg.deepspeed, resources=cfg.resources, eval=cfg.eval, train=cfg.teacher.train,
                         run=cfg.run.model_copy(update={"name": "teacher", "storage_path": str(run_dir)}))
-    return once(run_dir / "teacher_done.json", lambda: run_sft(sft_cfg, base_path, data, run_dir / "teacher"))
+
+    def make() -> SFTResult:
+        own = data
+        if t.data is not None:  # tokenized with the base model's tokenizer; its rejects kept apart
+            (run_dir / "teacher_data").mkdir(parents=True, exist_ok=True)
+            _, own = data_phase.prepare(t.data, ModelConfig(path=base_path), run_dir / "teacher_data")
+        return run_sft(sft_cfg, base_path, own, run_dir / "teacher")
+
+    return once(run_dir / "teacher_done.json", make)
 
 
 def same_tokenizer(teacher_path: str, student_path: str) -> None:

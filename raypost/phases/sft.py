@@ -10,7 +10,7 @@ from typing import Any
 
 from raypost.config import SFTConfig
 from raypost.data import preprocess
-from raypost.data.teacher import TeacherSignal
+from raypost.data.teacher import TeacherSignal, ordered
 from raypost.eval import heldout_accuracy
 from raypost.phases.data import PreparedData
 from raypost.train import checkpointing
@@ -50,11 +50,14 @@ def run_sft(cfg: SFTConfig, model_path: str, data: PreparedData, run_dir: Path,
     (``report_to_tune=False``)."""
     check_resources({"resources (learner)": learner_request(cfg.resources)})
     rows = preprocess.sft_rows(data.train, cfg.data, cfg.train.epochs, cfg.run.seed)
+    total = plan_steps(cfg, rows.count())
     pass_info: dict[str, Any] = {}
-    if teacher is not None:
+    if teacher is not None:  # the teacher annotates only the rows the run will train on
+        used = total * cfg.optim.micro_batch_size * cfg.optim.grad_accum * cfg.resources.num_workers
+        with ordered():
+            rows = rows.limit(used).materialize()
         rows, pass_info = _teacher_pass(teacher, rows, run_dir)
     eval_rows = preprocess.sft_rows(data.eval, cfg.data.model_copy(update={"pack": False}), 1, cfg.run.seed)
-    total = plan_steps(cfg, rows.count())
     log.info("sft: %d packed rows, %d steps on %d workers", rows.count(), total, cfg.resources.num_workers)
     t0 = time.time()
     result = fit(sft_loop, {"cfg": cfg.model_dump(mode="json"), "model_path": model_path, "run_dir": str(run_dir),
