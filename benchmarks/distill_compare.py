@@ -12,7 +12,8 @@ the same student start:
      kd_jsd      offline logit KD, generalized JSD (beta = distill.beta)
      seq_kd      SFT on the teacher's own greedy answers to the training prompts
      on_policy   the student samples on Serve, a teacher replica scores (GKD, JSD on top-k)
-4. greedy held-out accuracy of every model on the same rows.
+4. greedy held-out accuracy of every model on the same rows: the teacher on a vLLM replica of its
+   own, the start and every cell on one replica of the start, each cell's weights pushed to it.
 
 The teacher pass (offline KD) and the teacher scoring (on-policy) are reported per step; the
 top-k is written as Parquet and its size reported. Finished cells are kept (``seed<s>/<mode>.json``
@@ -28,13 +29,14 @@ Prints a table and writes benchmarks/out/distill_smollm2.json (``--out``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -173,6 +175,41 @@ def answer_styles(cfg: Any, models: dict[str, str], data: Any, run_dir: Path) ->
     return styles
 
 
+@contextlib.contextmanager
+def shared_replica(cfg: Any, start: str, data: Any, run_dir: Path) -> Iterator[Callable[[str | None], dict]]:
+    """Held-out accuracy of the student start and of every cell on one vLLM replica of the start,
+    deployed on first use: a cell's HF weights are published to it as the next version, as a
+    learner pushes (every cell has the start's architecture). A replica started per model spent
+    about 35 of each evaluation's 55 s starting. ``evaluate(None)`` is the start itself (version 0).
+    Used after all training: an idle replica would hold CPUs the on-policy cells place on."""
+    from safetensors.torch import load_file
+
+    from raypost.eval.accuracy import rollout_accuracy
+    from raypost.phases.distill import num_params
+    from raypost.serve.oneshot import served
+
+    rows = data.eval_rows(cfg.data.max_eval_samples)
+    rollout = cfg.rollout.model_copy(update={"weight_transport": "shm"})  # the driver is on the replica's node
+    with contextlib.ExitStack() as stack:
+        client, version = None, 0
+
+        def evaluate(path: str | None) -> dict:
+            nonlocal client, version
+            t0 = time.time()
+            if client is None:
+                client = stack.enter_context(served(start, rollout, "eval-cells", run_dir, chunk=cfg.eval.batch_size))
+                stack.callback(client.channel.close)  # the version record and the pushed files
+            if path is not None:
+                version += 1
+                client.update_weights(version, load_file(str(Path(path) / "model.safetensors")))
+            out = rollout_accuracy(client, rows, cfg.eval.max_new_tokens, extract=cfg.eval.extract)
+            if out["weight_version"] != version:
+                raise RuntimeError(f"the evaluation replica answered with version {out['weight_version']}, not {version}")
+            return {**out, "params": num_params(path or start), "eval_s": time.time() - t0}
+
+        yield evaluate
+
+
 def run(args: argparse.Namespace) -> dict:
     from raypost.config import ModelConfig, load_config
     from raypost.config.distill import DistillConfig
@@ -185,35 +222,30 @@ def run(args: argparse.Namespace) -> dict:
     base, data = data_phase.prepare(cfg.data, ModelConfig(path=cfg.teacher.path, tiny=cfg.teacher.tiny), run_dir)
     teacher = phases.teacher(cfg, base, data, run_dir)
     start = phases.student_base(cfg, teacher.model_path, run_dir)
-    evaluate: Callable[[str], dict] = lambda path: phases.evaluate(cfg, path, data, run_dir)  # noqa: E731
-    models = run_dir / "compare_models.json"  # the teacher's and the start's figures, kept for a re-run
+    models = run_dir / "compare_models.json"  # the teacher's figures, kept for a re-run
     if not models.is_file():
         fit = gold_fit(cfg, {"teacher": teacher.model_path, "student start": start})
         models.write_text(json.dumps({
             "shapes": phases.student_info(cfg, teacher.model_path, start), "gold_fit": fit,
             # the fine-tune's own time, also when an earlier run of this command did it
             "teacher": {"path": teacher.model_path, "finetune_s": _marker_wall(run_dir / "teacher_done.json"),
-                        **_brief(evaluate(teacher.model_path))},
-            "start": _brief(evaluate(start))}))
+                        **_brief(phases.evaluate(cfg, teacher.model_path, data, run_dir))}}))
     result: dict[str, Any] = {"config": args.config, "overrides": args.overrides,
                               "heldout_n": cfg.data.max_eval_samples, **json.loads(models.read_text()), "cells": []}
-    print(f"teacher {result['teacher']['accuracy']:.3f}, student start {result['start']['accuracy']:.3f}; "
-          f"teacher-forced fit of the held-out gold solutions: {result['gold_fit']}", flush=True)
-    for seed in args.seeds:
-        cache: dict = {}  # the teacher's top-k: one pass per seed (its row order), shared by both KD cells
-        for mode in args.modes:
+    trained = train_cells(cfg, args, teacher.model_path, start, data, run_dir)
+    with shared_replica(cfg, start, data, run_dir) as evaluate:
+        start_record = run_dir / "start.json"
+        if not start_record.is_file():
+            start_record.write_text(json.dumps(_brief(evaluate(None))))
+        result["start"] = json.loads(start_record.read_text())
+        for (seed, mode), (phase, train_s) in trained.items():
             record = run_dir / f"seed{seed}" / f"{mode}.json"  # a finished cell, kept for a re-run
             if not record.is_file():
-                c = cell_config(cfg, mode, seed)
-                phases.check_placement(c)
-                out = run_dir / f"seed{seed}" / mode
-                t1 = time.time()
-                phase = train_cell(c, mode, teacher.model_path, start, data, out, cache)
                 acc = evaluate(phase.model_path)
-                cell = {"seed": seed, "mode": mode, **_brief(acc), "train_wall_s": phase.wall_s,
-                        "cell_wall_s": time.time() - t1, **step_costs(out, mode, phase.info), "info": phase.info}
+                cell = {"seed": seed, "mode": mode, **_brief(acc), "train_wall_s": train_s,
+                        "cell_wall_s": train_s + acc["eval_s"],
+                        **step_costs(run_dir / f"seed{seed}" / mode, mode, phase.info), "info": phase.info}
                 record.write_text(json.dumps(cell))
-                drop_optimizer_states(out)
             result["cells"].append(json.loads(record.read_text()))
             print(f"seed {seed} {mode}: held-out {result['cells'][-1]['accuracy']:.3f}", flush=True)
     share_teacher_pass(result["cells"])
@@ -226,13 +258,35 @@ def run(args: argparse.Namespace) -> dict:
         result["styles"] = answer_styles(cfg, models, data, run_dir)
     result["this_run_wall_s"] = time.time() - t0
     # The comparison's own time, whichever runs of the command did the work: the teacher's
-    # fine-tune, the two start evaluations and every cell (training and evaluation).
+    # fine-tune and evaluation, the start's evaluation and every cell (training and evaluation).
     t = result["teacher"]
     result["comparison_s"] = (t["finetune_s"] + t["eval_s"] + result["start"]["eval_s"]
                               + sum(c["cell_wall_s"] for c in result["cells"]))
     result["comparison_without_teacher_s"] = result["comparison_s"] - t["finetune_s"]
     result["summary"] = summarize(result)
     return result
+
+
+def train_cells(cfg: Any, args: argparse.Namespace, teacher: str, start: str, data: Any,
+                run_dir: Path) -> dict[tuple[int, str], tuple[Any, float]]:
+    """Every (seed, mode) cell trained from ``start``, in order; (its phase, its training seconds).
+    A cell trained by an earlier run of the command is read back from its marker."""
+    from raypost.phases import distill as phases
+
+    trained = {}
+    for seed in args.seeds:
+        cache: dict = {}  # the teacher's top-k: one pass per seed (its row order), shared by both KD cells
+        for mode in args.modes:
+            c = cell_config(cfg, mode, seed)
+            out = run_dir / f"seed{seed}" / mode
+            marker = out.parent / f"{mode}_done.json"
+            t1, earlier = time.time(), marker.is_file()
+            if not earlier:
+                phases.check_placement(c)
+            phase = train_cell(c, mode, teacher, start, data, out, cache)
+            trained[(seed, mode)] = (phase, _marker_wall(marker) if earlier else time.time() - t1)
+            drop_optimizer_states(out)
+    return trained
 
 
 def _marker_wall(marker: Path) -> float:

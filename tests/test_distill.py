@@ -80,6 +80,28 @@ def test_teacher_objective_shifts_and_mixes_ce():
     assert metrics["ce"] == pytest.approx(math.log(2), abs=1e-6)
 
 
+
+def test_kd_on_all_positions_stays_inside_each_packed_example():
+    from raypost.algos.distill import KDParams
+    from raypost.train.objectives import TeacherKD
+
+    # Two packed examples (segments 1: t=0..2, 2: t=3..4) and one pad (t=5); the labels supervise
+    # tokens 2 and 4 (completion: the logits at t=1 and 3). positions="all" fits t=0, 1 (-> 1, 2)
+    # and t=3 (-> 4): never from the last token of example 1 into example 2 (t=2), nor into
+    # padding (t=4).
+    seg = [1, 1, 1, 2, 2, 0]
+    logits = torch.full((1, 6, 3), 5.0)  # positions outside the mask: any value
+    for t in (0, 1, 3):
+        logits[0, t] = _log(0.5, 0.25, 0.25)[0]
+    batch = {"labels": torch.tensor([[IGNORE, IGNORE, 0, IGNORE, 2, IGNORE]]), "segment_ids": torch.tensor([seg]),
+             "teacher_ids": torch.tensor([[[0, 1]] * 6]), "teacher_logprobs": _log(0.5, 0.25)[0].expand(1, 6, 2).clone()}
+    kd = TeacherKD(KDParams(kd_weight=1.0, positions="all"))
+    loss, n, _ = kd(logits, batch)
+    assert n.item() == 3 and loss.item() == pytest.approx(3 * math.log(4 / 3), abs=1e-5)
+    # The learner's normalizer, counted from the rows before any forward pass, is the same 3.
+    row = {"labels": batch["labels"][0].tolist(), "segment_ids": seg}
+    assert kd.tokens([row]) == 3 and TeacherKD(KDParams()).tokens([row]) == 2
+
 def test_teacher_pass_matches_unpacked_forward(tiny_model):
     """Top-k of a packed row equals each example's own forward pass (attention kept per example)."""
     from raypost.data.teacher import TeacherTopK

@@ -384,7 +384,7 @@ def test_a_push_that_never_reaches_the_replicas_fails_the_run_with_the_fix():
 
 def test_weight_board_serves_the_last_publish_even_an_older_version():
     """A learner that resumes from an earlier checkpoint republishes an older version; replicas
-    must go back to it (as shm's LATEST does), and only the last two publishes are kept."""
+    must go back to it, and only the last two publishes are kept."""
     from raypost.serve.channel import WeightBoard
 
     board = WeightBoard(keep=2)

@@ -128,9 +128,9 @@ def test_push_parity_on_smollm2(serve_url, smollm2):
         assert_parity(after, hf_greedy(model, prompt, 16, tok.eos_token_id), 1)
     finally:
         serve.delete("smollm2")
-        import shutil
+        from raypost.serve.channel import channel
 
-        shutil.rmtree(wdir, ignore_errors=True)
+        channel(cfg.weight_transport, wdir).close()  # the version record and the pushed files
 
 
 def test_named_model_config_in_every_pipeline():

@@ -35,6 +35,7 @@ class KDParams:
     beta: float = 0.5  # generalized JSD mixture weight of the teacher: m = beta*p + (1-beta)*q
     temperature: float = 1.0
     kd_weight: float = 1.0  # loss = kd_weight * tau^2 * D + (1 - kd_weight) * CE
+    positions: str = "completion"  # offline KD: the divergence on completion tokens, or on every token ("all")
 
 
 def _kl(log_a: torch.Tensor, log_b: torch.Tensor) -> torch.Tensor:

@@ -59,6 +59,10 @@ class DistillAlgoConfig(StrictModel):
     temperature: float = Field(1.0, gt=0.0, le=20.0, description="offline_kd softmax temperature (loss x tau^2).")
     kd_weight: float = Field(0.5, ge=0.0, le=1.0, description="offline_kd: weight of the divergence; 1 - "
                                                                "kd_weight goes to cross-entropy on the labels.")
+    kd_positions: Literal["completion", "all"] = Field(
+        "completion", description="offline_kd: the tokens the divergence fits. completion: the supervised ones; "
+                                  "all: the prompt's too, as Minitron distills a pruned model (the teacher pass "
+                                  "scores every position anyway; the loss is then per KD position, CE included).")
     top_k: int = Field(16, ge=1, le=4096, description="offline_kd: teacher log-probs kept per token.")
     teacher_cpus: float = Field(2.0, gt=0.0, le=1024, description="offline_kd: CPUs (and torch threads) of the "
                                 "teacher-pass actor; it runs alone, between the learner runs.")

@@ -171,7 +171,8 @@ def num_params(model_path: str) -> int:
 def kd_signal(cfg: DistillConfig, teacher_path: str, cache: dict[str, Any] | None = None) -> TeacherSignal:
     """Offline KD's teacher pass settings and the loss's KD parameters (``cache``: see TeacherSignal)."""
     d = cfg.distill
-    kd = KDParams(divergence=d.divergence, beta=d.beta, temperature=d.temperature, kd_weight=d.kd_weight)
+    kd = KDParams(divergence=d.divergence, beta=d.beta, temperature=d.temperature, kd_weight=d.kd_weight,
+                  positions=d.kd_positions)
     return TeacherSignal(teacher_path, d.top_k, asdict(kd), cfg.deepspeed.precision, d.teacher_cpus, cache=cache)
 
 

@@ -3,15 +3,17 @@
 One interface, chosen by ``rollout.weight_transport``; the learner calls ``publish`` and each
 replica calls ``fetch`` before serving a request (it reloads when the version is newer):
 
-* ``shm``: rank 0 writes ``v<k>.safetensors`` and a ``LATEST`` pointer into ``weights_dir``,
-  node-local shared memory by default (``raypost.serve.weights``). The fastest on one node; a
-  replica on another node needs a ``weights_dir`` that every node mounts.
-* ``object_store``: rank 0 puts the weights into Ray's object store and files the reference
-  with a small named actor (the board), which keeps the version record. A replica on any node
-  pulls the newest version through Ray's object transfer and stages it in its own node's
-  ``weights_dir`` for its engine's workers. A replica that starts or restarts late pulls the
-  latest before its first request. The board is detached (a replica that dies does not take
-  the record with it) and is removed by ``close`` when the run ends.
+Either way the version record lives in Ray: a small named actor (the board) holds the newest
+version and where it is. The board is detached (a replica that dies does not take the record
+with it) and is removed by ``close`` when the run ends. A replica that starts or restarts late
+asks the board before its first request, so it serves the latest version.
+
+* ``shm``: rank 0 writes ``v<k>.safetensors`` into ``weights_dir``, node-local shared memory by
+  default (``raypost.serve.weights``), and files the file's path with the board. The fastest on
+  one node; a replica on another node needs a ``weights_dir`` that every node mounts.
+* ``object_store``: rank 0 puts the weights into Ray's object store and files the reference with
+  the board. A replica on any node pulls the newest version through Ray's object transfer and
+  stages it in its own node's ``weights_dir`` for its engine's workers.
 """
 
 from __future__ import annotations
@@ -56,17 +58,6 @@ class WeightChannel(ABC):
         """A replica stops: remove what it staged on its node (nothing, unless it staged)."""
 
 
-class ShmChannel(WeightChannel):
-    transport = "shm"
-
-    def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
-        weights.publish(self.weights_dir, version, state)
-
-    async def fetch(self, have: int) -> tuple[int, str | None]:
-        version, path = weights.latest(self.weights_dir)
-        return (have, None) if version == have or path is None else (version, path)
-
-
 def pack(state: Mapping[str, torch.Tensor]) -> tuple[list[tuple[str, str, list[int], int, int]], Any]:
     """The weights as one flat byte array plus (name, dtype, shape, offset, bytes) per tensor: Ray
     serializes one numpy array with a single copy into the object store, where a dict of
@@ -94,10 +85,10 @@ def unpack(meta: list[tuple[str, str, list[int], int, int]], flat: Any) -> dict[
 
 
 class WeightBoard:
-    """The object-store channel's version record, as a Ray actor: the last published version
-    (also an older one, when a learner resumes from an earlier checkpoint, as shm's LATEST) and
-    the object refs of the last ``keep`` publishes (each inside a list, so Ray hands callers the
-    ref itself)."""
+    """A run's version record, as a Ray actor: the last published version (also an older one,
+    when a learner resumes from an earlier checkpoint) and where the last ``keep`` publishes are:
+    a file path (shm) or an object ref (object_store), each inside a list, so Ray hands callers
+    the ref itself."""
 
     def __init__(self, keep: int = 2) -> None:
         self.keep = keep
@@ -110,16 +101,13 @@ class WeightBoard:
         return self.published[-1] if self.published else (0, None)
 
 
-class ObjectStoreChannel(WeightChannel):
-    transport = "object_store"
+class BoardChannel(WeightChannel):
+    """A channel whose version record is the run's board (``WeightBoard``), named after ``weights_dir``."""
 
     def __init__(self, weights_dir: str) -> None:
         super().__init__(weights_dir)
         self.name = f"raypost-weights:{weights_dir}"
-        self.stage = Path(weights_dir) / f"stage-{uuid.uuid4().hex[:8]}"  # this replica's, on its node
         self._board: Any = None
-        self._staging = asyncio.Lock()
-        self._staged: tuple[int, str | None] = (-1, None)
 
     def _created_board(self) -> Any:
         """The board, created by the first publish (replicas only look it up)."""
@@ -131,15 +119,55 @@ class ObjectStoreChannel(WeightChannel):
                 max_restarts=0).remote()
         return self._board
 
-    def _found_board(self) -> Any:
+    async def _latest(self) -> tuple[int, list[Any] | None]:
+        """The board's newest (version, boxed location); (0, None) before the first publish."""
         import ray
 
         if self._board is None:
             try:
                 self._board = ray.get_actor(self.name, namespace=NAMESPACE)
             except ValueError:  # nothing published yet
-                return None
-        return self._board
+                return 0, None
+        return await self._board.latest.remote()
+
+    def close(self) -> None:
+        import ray
+
+        try:
+            ray.kill(ray.get_actor(self.name, namespace=NAMESPACE))
+        except ValueError:  # never created, or already gone
+            pass
+        super().close()
+
+
+class ShmChannel(BoardChannel):
+    transport = "shm"
+
+    def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
+        import ray
+
+        path = weights.publish(self.weights_dir, version, state)
+        ray.get(self._created_board().put.remote(version, [str(path)]))
+
+    async def fetch(self, have: int) -> tuple[int, str | None]:
+        for _ in range(2):  # a file pruned since the board was read: two newer versions were published
+            version, boxed = await self._latest()
+            if version == have or boxed is None:
+                return have, None
+            if Path(boxed[0]).is_file():
+                return version, boxed[0]
+        raise weights.WeightsNotReachedError(f"weight version {version} is at {boxed[0]} on learner rank 0's node, "
+                                             f"which this replica cannot read. {SHM_APART}")
+
+
+class ObjectStoreChannel(BoardChannel):
+    transport = "object_store"
+
+    def __init__(self, weights_dir: str) -> None:
+        super().__init__(weights_dir)
+        self.stage = Path(weights_dir) / f"stage-{uuid.uuid4().hex[:8]}"  # this replica's, on its node
+        self._staging = asyncio.Lock()
+        self._staged: tuple[int, str | None] = (-1, None)
 
     def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
         import ray
@@ -150,10 +178,7 @@ class ObjectStoreChannel(WeightChannel):
         ray.get(board.put.remote(version, [ray.put(pack(state))]))
 
     async def fetch(self, have: int) -> tuple[int, str | None]:
-        board = self._found_board()
-        if board is None:
-            return have, None
-        version, boxed = await board.latest.remote()
+        version, boxed = await self._latest()
         if version == have or boxed is None:
             return have, None
         async with self._staging:  # concurrent requests stage each version once
@@ -163,15 +188,6 @@ class ObjectStoreChannel(WeightChannel):
                 path = await asyncio.to_thread(weights.publish, self.stage, version, state)
                 self._staged = (version, str(path))
         return self._staged
-
-    def close(self) -> None:
-        import ray
-
-        try:
-            ray.kill(ray.get_actor(self.name, namespace=NAMESPACE))
-        except ValueError:  # never created, or already gone
-            pass
-        super().close()
 
     def release(self) -> None:
         shutil.rmtree(self.stage, ignore_errors=True)

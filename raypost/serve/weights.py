@@ -1,21 +1,18 @@
-"""Versioned weights for the rollout replicas, through node-local shared memory.
+"""Versioned weight files for the rollout replicas, in node-local shared memory by default.
 
-The learner writes ``v<version>.safetensors`` and then, atomically, ``LATEST`` (JSON:
-version + file). Replicas read ``LATEST`` before serving a request and reload when it
-is newer, so a new or restarted replica always serves the latest pushed version, and a
-push reaches every replica without enumerating them. Old versions are pruned.
+The learner writes ``v<version>.safetensors``; the version record (which file is newest) is the
+run's board in Ray (``raypost.serve.channel``). Replicas ask it before serving a request and
+reload when it is newer, so a new or restarted replica always serves the latest pushed
+version, and a push reaches every replica without enumerating them. Old versions are pruned.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Mapping
 
 import torch
-
-POINTER = "LATEST"
 
 
 class WeightsNotReachedError(RuntimeError):
@@ -24,7 +21,7 @@ class WeightsNotReachedError(RuntimeError):
 
 def check_served(served: int, pushed: int, weights_dir: str | Path) -> None:
     """Raise when a sample was generated with weights older than the version pushed before its
-    request. Replicas read ``LATEST`` before every request, so this only happens when the push
+    request. Replicas ask the board before every request, so this only happens when the push
     does not reach them: most often a replica on another node than the learner's rank 0, whose
     node-local ``weights_dir`` holds nothing (it would serve version 0 for ever, and a bounded-
     staleness learner would wait for fresh groups that never come)."""
@@ -38,7 +35,8 @@ def check_served(served: int, pushed: int, weights_dir: str | Path) -> None:
 
 
 def publish(weights_dir: str | Path, version: int, state: Mapping[str, torch.Tensor], keep: int = 2) -> Path:
-    """Write ``state`` as version ``version`` and point LATEST at it."""
+    """Write ``state`` as ``v<version>.safetensors`` (atomically: a reader never sees half a file)
+    and prune versions older than the last ``keep``; the caller records the version (the board)."""
     from safetensors.torch import save_file
 
     d = Path(weights_dir)
@@ -47,9 +45,6 @@ def publish(weights_dir: str | Path, version: int, state: Mapping[str, torch.Ten
     tmp = path.with_suffix(".tmp")
     save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(tmp))
     os.replace(tmp, path)
-    ptmp = d / (POINTER + ".tmp")
-    ptmp.write_text(json.dumps({"version": version, "path": str(path)}))
-    os.replace(ptmp, d / POINTER)
     for old in d.glob("v*.safetensors"):
         try:
             if int(old.stem[1:]) <= version - keep:
@@ -57,13 +52,3 @@ def publish(weights_dir: str | Path, version: int, state: Mapping[str, torch.Ten
         except ValueError:
             continue
     return path
-
-
-def latest(weights_dir: str | Path) -> tuple[int, str | None]:
-    """(version, file) of the newest push; (0, None) before the first."""
-    p = Path(weights_dir) / POINTER
-    try:
-        data = json.loads(p.read_text())
-        return int(data["version"]), str(data["path"])
-    except (FileNotFoundError, json.JSONDecodeError, KeyError):
-        return 0, None

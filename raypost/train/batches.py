@@ -41,7 +41,7 @@ def collate(rows: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tens
         seg[i, :n] = torch.from_numpy(np.array(r["segment_ids"], dtype=np.int64))
     out = {"input_ids": ids, "labels": labels, "position_ids": pos, "attention_mask": block_causal_mask(seg)}
     if "teacher_ids" in rows[0]:
-        out.update(_teacher_columns(rows, t))
+        out.update(_teacher_columns(rows, t), segment_ids=seg)  # offline KD may fit prompt positions too
     return out
 
 

@@ -16,9 +16,9 @@ import torch
 
 from raypost.config import SFTConfig
 from raypost.train import checkpointing
-from raypost.train.batches import collate, micro_batches, rank_slice, supervised_tokens, to_device
+from raypost.train.batches import collate, micro_batches, rank_slice, to_device
 from raypost.train.engine import all_sum, backward_share, set_hyperparams, setup_learner
-from raypost.train.objectives import Objective, cross_entropy, objective_for
+from raypost.train.objectives import Objective, cross_entropy, objective_for, objective_tokens
 from raypost.utils.metrics import MetricsLogger, Progress
 
 log = logging.getLogger("raypost.sft")
@@ -59,7 +59,7 @@ def train_step(engine: Any, rows: list[dict[str, Any]], pad_id: int, micro: int,
     the whole global batch (all ranks), so it is the global token mean however the batch is
     split. Returns (this rank's share of that loss: the shares add up to it over ranks, real
     tokens seen, the objective's metrics averaged over micro-batches)."""
-    (norm,) = all_sum(float(supervised_tokens(rows)))
+    (norm,) = all_sum(float(objective_tokens(objective, rows)))
     share, tokens, extra, count = 0.0, 0, {}, 0
     for mb in micro_batches(rows, micro):
         s, _, metrics = _forward_loss(engine, collate(mb, pad_id), objective)
