@@ -21,10 +21,10 @@ class WeightsNotReachedError(RuntimeError):
 
 def check_served(served: int, pushed: int, weights_dir: str | Path) -> None:
     """Raise when a sample was generated with weights older than the version pushed before its
-    request. Replicas ask the board before every request, so this only happens when the push
-    does not reach them: most often a replica on another node than the learner's rank 0, whose
-    node-local ``weights_dir`` holds nothing (it would serve version 0 for ever, and a bounded-
-    staleness learner would wait for fresh groups that never come)."""
+    request. Replicas ask the board before every request (and a shm replica that cannot read the
+    recorded file raises), so this is the learner's last guard against a push that does not reach
+    them: a replica that kept serving an old version would leave a bounded-staleness learner
+    waiting for fresh groups that never come."""
     if served < pushed:
         raise WeightsNotReachedError(
             f"a rollout replica served weight version {served} after the learner had pushed version {pushed} "
