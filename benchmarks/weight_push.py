@@ -9,6 +9,9 @@ holding the new tensors: the learner's ``channel.publish(version, state)``, then
 * object_store, same node / other node: a publisher actor (the learner's rank 0) on node A and
   a fetcher actor (a replica) on node A or on node B, two raylets of this machine
   (``LocalHead.add_node``), so the other-node case goes through Ray's object transfer.
+* collective, same node / other node: the same actors; the fetcher takes a ticket from the
+  publisher's weight server and receives every bucket over a gloo group, as an engine worker
+  does (``raypost.serve.collective.receive``). Publish is the learner's copy into the buffer it serves.
 
   .venv/bin/python benchmarks/weight_push.py                 # tiny model and SmolLM2 (if installed)
 """
@@ -63,8 +66,8 @@ def time_shm(state: dict[str, Any], version: int) -> tuple[float, float]:
         t0 = time.perf_counter()
         chan.publish(version, state)
         t1 = time.perf_counter()
-        _, path = asyncio.run(chan.fetch(0))
-        read_tensors(path)
+        _, source = asyncio.run(chan.fetch(0))
+        read_tensors(source["file"])
         return t1 - t0, time.perf_counter() - t0
     finally:
         chan.close()
@@ -73,11 +76,11 @@ def time_shm(state: dict[str, Any], version: int) -> tuple[float, float]:
 class Publisher:
     """The learner's rank 0: holds the state and publishes it (the object is owned here)."""
 
-    def __init__(self, model_dir: str, weights_dir: str) -> None:
+    def __init__(self, model_dir: str, weights_dir: str, transport: str) -> None:
         from raypost.serve.channel import channel
 
         self.state = load_state(Path(model_dir))
-        self.chan = channel("object_store", weights_dir)
+        self.chan = channel(transport, weights_dir)
 
     def publish(self, version: int) -> float:
         t0 = time.perf_counter()
@@ -85,38 +88,46 @@ class Publisher:
         return time.perf_counter() - t0
 
     def close(self) -> None:
+        self.chan.stop_serving()
         self.chan.close()
 
 
 class Fetcher:
-    """A replica: fetch the newest version (staged on its node), then read it as the worker does."""
+    """A replica: fetch the newest version, then load it as the worker does: read the staged file
+    (object_store), or receive every bucket (collective)."""
 
-    def __init__(self, weights_dir: str) -> None:
+    def __init__(self, weights_dir: str, transport: str) -> None:
         from raypost.serve.channel import channel
 
-        self.chan = channel("object_store", weights_dir)
+        self.chan = channel(transport, weights_dir)
         self.have = 0
 
     async def fetch(self) -> float:
+        from raypost.serve.collective import receive
+
         t0 = time.perf_counter()
-        self.have, path = await self.chan.fetch(self.have)
-        await asyncio.to_thread(read_tensors, path)
+        self.have, source = await self.chan.fetch(self.have)
+        if "file" in source:
+            await asyncio.to_thread(read_tensors, source["file"])
+        else:
+            await asyncio.to_thread(lambda: sum(t.numel() for _, t in receive(source["collective"], 0)))
         return time.perf_counter() - t0
 
     def release(self) -> None:
         self.chan.release()
 
 
-def time_object_store(address: str, model_dir: Path, repeats: int) -> dict[str, list[float]]:
+def time_across_nodes(address: str, model_dir: Path, repeats: int, transport: str) -> dict[str, list[float]]:
     """In a child process started with the head's environment (its token auth, and 127.0.0.1 kept as
     the address: Ray reads that setting when it is imported)."""
     import ray
 
     ray.init(address=address, log_to_driver=False)
     weights_dir = f"/dev/shm/raypost-bench-{uuid.uuid4().hex[:8]}"
-    pub = ray.remote(Publisher).options(num_cpus=0, resources={"node_a": 0.01}).remote(str(model_dir), weights_dir)
-    near = ray.remote(Fetcher).options(num_cpus=0, resources={"node_a": 0.01}).remote(weights_dir)
-    far = ray.remote(Fetcher).options(num_cpus=0, resources={"node_b": 0.01}).remote(weights_dir)
+    on = {node: {"num_cpus": 0, "resources": {node: 0.01}} for node in ("node_a", "node_b")}
+    pub = ray.remote(Publisher).options(**on["node_a"]).remote(str(model_dir), weights_dir, transport)
+    near = ray.remote(Fetcher).options(**on["node_a"]).remote(weights_dir, transport)
+    far = ray.remote(Fetcher).options(**on["node_b"]).remote(weights_dir, transport)
     out: dict[str, list[float]] = {"publish": [], "same node": [], "other node": []}
     try:
         for v in range(1, repeats + 1):
@@ -130,8 +141,9 @@ def time_object_store(address: str, model_dir: Path, repeats: int) -> dict[str, 
     return out
 
 
-def object_store_child(head: Any, model_dir: Path, repeats: int) -> dict[str, list[float]]:
-    args = ["--ray-child", head.address, "--model-dir", str(model_dir), "--repeats", str(repeats)]
+def across_nodes_child(head: Any, model_dir: Path, repeats: int, transport: str) -> dict[str, list[float]]:
+    args = ["--ray-child", head.address, "--model-dir", str(model_dir), "--repeats", str(repeats),
+            "--transport", transport]
     return run_child(Path(__file__), args, base_env=head.env(), timeout=600, mark=MARK)
 
 
@@ -140,9 +152,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--ray-child", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--transport", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.ray_child:
-        print(MARK + json.dumps(time_object_store(args.ray_child, Path(args.model_dir), args.repeats)), flush=True)
+        out = time_across_nodes(args.ray_child, Path(args.model_dir), args.repeats, args.transport)
+        print(MARK + json.dumps(out), flush=True)
         return
     import signal
 
@@ -166,14 +180,15 @@ def main() -> None:
             nbytes = sum(t.numel() * t.element_size() for t in state.values())
             memcpy = statistics.median(time_memcpy(state) for _ in range(args.repeats))
             shm = [time_shm(state, v) for v in range(1, args.repeats + 1)]
-            obj = object_store_child(head, path, args.repeats)
             med = {"memcpy": memcpy, "shm publish": statistics.median(s[0] for s in shm),
-                   "shm publish + read": statistics.median(s[1] for s in shm),
-                   "object_store publish": statistics.median(obj["publish"]),
-                   "object_store same node, publish + fetch + read": statistics.median(obj["same node"]),
-                   "object_store other node, publish + fetch + read": statistics.median(obj["other node"])}
-            result["models"][name] = {"bytes": nbytes, "median_s": med, "object_store_runs": obj,
-                                      "shm_runs": shm}
+                   "shm publish + read": statistics.median(s[1] for s in shm)}
+            result["models"][name] = {"bytes": nbytes, "median_s": med, "shm_runs": shm}
+            for transport, load in (("object_store", "fetch + read"), ("collective", "receive")):
+                runs = across_nodes_child(head, path, args.repeats, transport)
+                med.update({f"{transport} publish": statistics.median(runs["publish"]),
+                            f"{transport} same node, publish + {load}": statistics.median(runs["same node"]),
+                            f"{transport} other node, publish + {load}": statistics.median(runs["other node"])})
+                result["models"][name][f"{transport}_runs"] = runs
             rows += [[name, f"{nbytes / 2**20:.1f}", k, f"{v:.3f}", f"{v / memcpy:.1f}"] for k, v in med.items()]
     print(table(f"weight push, medians of {args.repeats}", ["model", "MiB", "what", "seconds", "x memcpy"], rows))
     OUT.mkdir(exist_ok=True)

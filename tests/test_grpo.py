@@ -114,10 +114,11 @@ def test_grpo_job_learns_then_resumes_async_with_a_reward_model(cluster, tmp_pat
 
     # Re-submitting with a longer budget resumes after the last step: the warm-up is not redone,
     # 3 more steps are trained from new prompts and weight versions continue. The resumed run is
-    # async (eta 1) and adds a reward model (MiniLM, untrained head) to the verifier rewards.
+    # async (eta 1), adds a reward model (MiniLM, untrained head) to the verifier rewards, and
+    # pushes its weights to node B over a gloo group (collective), with no file.
     total = LEARN_STEPS + 3
-    out = submit(head, [*args, "--algo.steps", str(total), "--async_rl.eta", "1",
-                        "--reward.model.path", str(untrained_reward_model), "--reward.model.weight", "0.5"])
+    out = submit(head, [*args, "--algo.steps", str(total), "--async_rl.eta", "1", "--rollout.weight_transport",
+                        "collective", "--reward.model.path", str(untrained_reward_model), "--reward.model.weight", "0.5"])
     assert "sft step" not in out
     assert serve_apps(head) == set() and not (weights / "g").exists()
     shutil.rmtree(weights, ignore_errors=True)

@@ -62,9 +62,10 @@ def rollout(serve_url, served_model):
 
     tiny_model = served_model
     wdir = f"/dev/shm/raypost-test-{uuid.uuid4().hex[:8]}"
-    # Pushes go through Ray's object store here (the pipelines' tests cover the default, shm).
+    # Pushes stream over a gloo group from this process to the engine's worker here (collective,
+    # in two buckets); the pipelines' tests cover shm (the default) and object_store.
     cfg = build(RolloutConfig, {"num_replicas": 1, "cpus_per_replica": 1, "max_model_len": 256, "weights_dir": wdir,
-                                "weight_transport": "object_store"})
+                                "weight_transport": "collective", "weight_bucket_mb": 1})
     serve.run(build_app(str(tiny_model), cfg), name="rollout", route_prefix="/rollout")
     yield {"cfg": cfg, "url": f"{serve_url}/rollout", "model": tiny_model}
     serve.delete("rollout")

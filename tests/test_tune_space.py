@@ -122,6 +122,10 @@ def test_eval_loss_needs_an_eval_at_every_checkpoint(tmp_path):
     with pytest.raises(ConfigError, match=r"base.run.checkpoint_every \(10\) must be a multiple of "
                                           r"base.train.eval_every \(4\)"):
         check_metric_cadence(bad)
+    off = load_space(_write(tmp_path, params, base={"train": {"eval_every": 5, "eval_loss": False},
+                                                    "run": {"checkpoint_every": 10}}))
+    with pytest.raises(ConfigError, match=r"set base.train.eval_loss to true"):
+        check_metric_cadence(off)
 
 
 @pytest.mark.parametrize("path", SPACES, ids=lambda p: p.name)

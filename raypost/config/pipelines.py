@@ -23,6 +23,8 @@ class SFTTrainConfig(StrictModel):
     epochs: int = Field(2, ge=1, le=10_000, description="Passes over the training data.")
     max_steps: int | None = Field(None, ge=1, le=10_000_000, description="Stop after this many optimizer steps.")
     eval_every: int | None = Field(None, ge=1, description="Steps between eval-loss passes (None: end only).")
+    eval_loss: bool = Field(True, description="Held-out loss passes (every eval_every steps, and at the end). Off when "
+                                              "held-out accuracy is the measure: a pass is a forward over the eval split.")
 
 
 class SFTConfig(StrictModel):

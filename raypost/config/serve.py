@@ -105,10 +105,13 @@ class RolloutConfig(StrictModel):
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1.0, description="GPU share for the engine (GPU only).")
     cpu_bind: bool = Field(True, description="Pin each CPU replica's OpenMP threads to its own cores by replica rank "
                                              "(VLLM_CPU_OMP_THREADS_BIND, when set, wins); off: every core.")
-    weight_transport: Literal["shm", "object_store"] = Field(
+    weight_transport: Literal["shm", "object_store", "collective"] = Field(
         "shm", description="How pushed weights reach the replicas (raypost.serve.channel): shm = files in "
                            "weights_dir (node-local: replicas on learner rank 0's node, or a weights_dir every node "
-                           "mounts); object_store = Ray's object store, to replicas on any node.")
+                           "mounts); object_store = Ray's object store, to replicas on any node; collective = a "
+                           "process group (gloo; nccl on GPU) from learner rank 0 to each replica's engine workers, "
+                           "in buckets, to any node, with no file.")
+    weight_bucket_mb: int = Field(64, ge=1, le=65536, description="collective: bytes per broadcast bucket, in MiB.")
     weights_dir: str = Field("/dev/shm/raypost", min_length=1, description="shm: where pushed weights are written "
                              "(node-local shared memory by default); object_store: where each replica stages them "
                              "on its own node.")

@@ -20,6 +20,7 @@ import ray.data
 import torch
 
 from raypost.data.preprocess import actor_pool
+from raypost.utils.alloc import jemalloc_env
 
 
 class TeacherTopK:
@@ -84,7 +85,7 @@ class TeacherSignal:
         with ordered():
             annotated = rows.map_batches(
                 TeacherTopK, batch_format="pandas", batch_size=self.batch_size, num_cpus=self.cpus,
-                **actor_pool(),
+                runtime_env=jemalloc_env(), **actor_pool(),
                 fn_constructor_kwargs={"model_path": self.model_path, "top_k": self.top_k,
                                        "precision": self.precision,
                                        "threads": max(1, int(self.cpus))}).materialize()

@@ -13,7 +13,7 @@ from raypost.config.grpo import GRPOConfig
 from raypost.data import preprocess
 from raypost.phases.data import PreparedData
 from raypost.phases.sft import run_sft
-from raypost.serve.channel import WeightChannel, channel, check_weight_path
+from raypost.serve.channel import WeightChannel, check_weight_path, rollout_channel
 from raypost.train import checkpointing
 from raypost.train.grpo_loop import grpo_loop
 from raypost.train.trainer import fit, learner_request, worker_resources
@@ -125,7 +125,7 @@ def evaluate(cfg: GRPOConfig, data: PreparedData, version: int | None = None) ->
 
 
 def weight_channel(cfg: GRPOConfig) -> WeightChannel:
-    return channel(cfg.rollout.weight_transport, weights_dir_for(cfg))
+    return rollout_channel(cfg.rollout, weights_dir_for(cfg))
 
 
 def reset_weights(cfg: GRPOConfig) -> None:

@@ -10,7 +10,7 @@ from raypost.config.distill import DistillConfig
 from raypost.data import preprocess
 from raypost.phases.data import PreparedData
 from raypost.phases.sft import SFTResult
-from raypost.serve.channel import channel
+from raypost.serve.channel import rollout_channel
 from raypost.train import checkpointing
 from raypost.train.onpolicy_loop import onpolicy_loop
 from raypost.train.trainer import fit
@@ -38,7 +38,7 @@ def run_on_policy(cfg: DistillConfig, teacher_path: str, student_path: str, data
 
     d = cfg.distill
     weights_dir = Path(cfg.rollout.weights_dir) / f"{cfg.run.name}-{out.name}"
-    chan = channel(cfg.rollout.weight_transport, weights_dir)
+    chan = rollout_channel(cfg.rollout, weights_dir)
     chan.close()  # a resumed learner republishes its restored version
     prompts = preprocess.prompt_order(data.train, d.on_policy_steps * d.prompts_per_step, cfg.run.seed)
     _deploy(cfg, teacher_path, student_path, weights_dir)

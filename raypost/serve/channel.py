@@ -14,6 +14,12 @@ asks the board before its first request, so it serves the latest version.
 * ``object_store``: rank 0 puts the weights into Ray's object store and files the reference with
   the board. A replica on any node pulls the newest version through Ray's object transfer and
   stages it in its own node's ``weights_dir`` for its engine's workers.
+* ``collective``: rank 0 keeps the newest version in memory and files its server's address with
+  the board; a replica's engine workers receive it over a process group, bucket by bucket, and
+  load it as it arrives (``raypost.serve.collective``). Any node, no file.
+
+A replica turns what ``fetch`` returns (a ``source``: ``{"file": path}`` or ``{"collective": ...}``)
+into weights in its engine's workers (``raypost.serve.vllm_ext``).
 """
 
 from __future__ import annotations
@@ -45,9 +51,17 @@ class WeightChannel(ABC):
         """Learner rank 0: make ``state`` the newest version."""
 
     @abstractmethod
-    async def fetch(self, have: int) -> tuple[int, str | None]:
-        """Replica: (newest version, a local safetensors file holding it); (have, None) when the
-        replica already serves the newest version or nothing was published yet."""
+    async def fetch(self, have: int) -> tuple[int, dict[str, Any] | None]:
+        """Replica: (newest version, the source its engine workers load it from: ``{"file": a
+        local safetensors file}`` or ``{"collective": ...}``); (have, None) when the replica already
+        serves the newest version or nothing was published yet."""
+
+    async def newer_than(self, have: int) -> bool:
+        """Replica: whether a version other than ``have`` was published (cheap: no transfer)."""
+        return True
+
+    def stop_serving(self) -> None:
+        """Learner rank 0, when its loop ends: stop whatever serves the weights from its process."""
 
     def close(self) -> None:
         """The run ended (called where the run was started): remove what the channel holds; the
@@ -130,6 +144,10 @@ class BoardChannel(WeightChannel):
                 return 0, None
         return await self._board.latest.remote()
 
+    async def newer_than(self, have: int) -> bool:
+        version, boxed = await self._latest()
+        return boxed is not None and version != have
+
     def close(self) -> None:
         import ray
 
@@ -149,13 +167,13 @@ class ShmChannel(BoardChannel):
         path = weights.publish(self.weights_dir, version, state)
         ray.get(self._created_board().put.remote(version, [str(path)]))
 
-    async def fetch(self, have: int) -> tuple[int, str | None]:
+    async def fetch(self, have: int) -> tuple[int, dict[str, Any] | None]:
         for _ in range(2):  # a file pruned since the board was read: two newer versions were published
             version, boxed = await self._latest()
             if version == have or boxed is None:
                 return have, None
             if Path(boxed[0]).is_file():
-                return version, boxed[0]
+                return version, {"file": boxed[0]}
         raise weights.WeightsNotReachedError(f"weight version {version} is at {boxed[0]} on learner rank 0's node, "
                                              f"which this replica cannot read. {SHM_APART}")
 
@@ -177,7 +195,7 @@ class ObjectStoreChannel(BoardChannel):
         # republishes its restored version before any request). Ray 2.56 removed ray.put(_owner=).
         ray.get(board.put.remote(version, [ray.put(pack(state))]))
 
-    async def fetch(self, have: int) -> tuple[int, str | None]:
+    async def fetch(self, have: int) -> tuple[int, dict[str, Any] | None]:
         version, boxed = await self._latest()
         if version == have or boxed is None:
             return have, None
@@ -187,13 +205,48 @@ class ObjectStoreChannel(BoardChannel):
                 # Staged on this node: the engine's worker processes reload from a file.
                 path = await asyncio.to_thread(weights.publish, self.stage, version, state)
                 self._staged = (version, str(path))
-        return self._staged
+        return self._staged[0], {"file": self._staged[1]}
 
     def release(self) -> None:
         shutil.rmtree(self.stage, ignore_errors=True)
 
 
-CHANNELS: dict[str, type[WeightChannel]] = {"shm": ShmChannel, "object_store": ObjectStoreChannel}
+class CollectiveChannel(BoardChannel):
+    transport = "collective"
+
+    def __init__(self, weights_dir: str, workers: int = 1, bucket_mb: int = 64) -> None:
+        super().__init__(weights_dir)
+        self.workers, self.bucket_bytes = workers, bucket_mb << 20  # engine workers per replica
+        self._server: Any = None
+
+    def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
+        import ray
+
+        from raypost.serve.collective import WeightServer
+
+        if self._server is None:
+            backend = "nccl" if any(v.is_cuda for v in state.values()) else "gloo"
+            self._server = WeightServer(ray.util.get_node_ip_address(), backend, self.bucket_bytes)
+        self._server.offer(version, state)  # before the board names it: a replica never gets an older one
+        ray.get(self._created_board().put.remote(version, [self._server.address]))
+
+    async def fetch(self, have: int) -> tuple[int, dict[str, Any] | None]:
+        from raypost.serve.collective import request
+
+        version, boxed = await self._latest()
+        if version == have or boxed is None:
+            return have, None
+        source = await asyncio.to_thread(request, boxed[0], self.workers)
+        return source["version"], {"collective": source}
+
+    def stop_serving(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+
+CHANNELS: dict[str, type[WeightChannel]] = {"shm": ShmChannel, "object_store": ObjectStoreChannel,
+                                            "collective": CollectiveChannel}
 
 
 SHM_APART = ("rollout.weight_transport=shm writes the weights into learner rank 0's node-local "
@@ -213,6 +266,16 @@ def check_weight_path(rollout: Any, learner_worker: Mapping[str, float], replica
         check_same_node_possible(learner_worker, replica, SHM_APART)
 
 
-def channel(transport: str, weights_dir: str | Path) -> WeightChannel:
-    """The ``transport`` channel of the run whose pushed weights live under ``weights_dir``."""
-    return CHANNELS[transport](str(weights_dir))
+def rollout_channel(rollout: Any, weights_dir: str | Path | None = None) -> WeightChannel:
+    """The channel that ``rollout`` (a RolloutConfig) names, for the run's ``weights_dir``."""
+    return channel(rollout.weight_transport, weights_dir or rollout.weights_dir,
+                   **({"workers": rollout.tensor_parallel_size, "bucket_mb": rollout.weight_bucket_mb}
+                      if rollout.weight_transport == "collective" else {}))
+
+
+def channel(transport: str, weights_dir: str | Path, **options: Any) -> WeightChannel:
+    """The ``transport`` channel of the run whose pushed weights live under ``weights_dir``
+    (``options``: collective's ``workers`` per replica and ``bucket_mb``)."""
+    if transport != "collective":
+        return CHANNELS[transport](str(weights_dir))
+    return CollectiveChannel(str(weights_dir), **options)

@@ -25,7 +25,7 @@ from ray import serve
 
 from raypost.config.serve import RolloutConfig
 from raypost.models.named import resolve
-from raypost.serve.channel import channel
+from raypost.serve.channel import rollout_channel
 
 api = FastAPI(title="raypost rollout")
 EXTENSION = "raypost.serve.vllm_ext.WeightReloadExtension"
@@ -120,23 +120,24 @@ class RolloutServer:
                                worker_extension_cls=EXTENSION, logprobs_mode="processed_logprobs",
                                gpu_memory_utilization=self.cfg.gpu_memory_utilization)
         self.engine = AsyncLLM.from_engine_args(args)
-        self.channel = channel(self.cfg.weight_transport, self.cfg.weights_dir)
+        self.channel = rollout_channel(self.cfg)
         self.model_path = model_path
         self.version = 0
         self._inflight = 0
         self._lock = asyncio.Lock()
 
     async def _ensure_latest(self) -> None:
-        version, path = await self.channel.fetch(self.version)
-        if path is None:
+        if not await self.channel.newer_than(self.version):
             return
         async with self._lock:  # any change, also back to an older version after a resume
-            version, path = await self.channel.fetch(self.version)
-            if path is None:
+            if not await self.channel.newer_than(self.version):
                 return
-            while self._inflight:
+            while self._inflight:  # drained first: a collective transfer starts with the fetch
                 await asyncio.sleep(0.005)
-            await self.engine.collective_rpc("raypost_reload", args=(path,))
+            version, source = await self.channel.fetch(self.version)
+            if source is None:
+                return
+            await self.engine.collective_rpc("raypost_load", args=(source,))
             await self.engine.reset_prefix_cache()
             self.version = version
 

@@ -1,4 +1,4 @@
-"""vLLM worker extension: reload weights in place from a safetensors file.
+"""vLLM worker extension: load a pushed weight version in place, from a file or a process group.
 
 On CPU, vLLM repacks linear weights, so plain ``model.load_weights`` leaves the packed
 layers empty; ``model_runner.reload_weights(..., is_checkpoint_format=True)`` works.
@@ -8,7 +8,7 @@ A tied ``lm_head`` keeps the OLD weights after such a reload, so it is re-tied t
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterable, Iterator
 
 
 def _tensors(path: str) -> Iterator:
@@ -20,10 +20,20 @@ def _tensors(path: str) -> Iterator:
 
 
 class WeightReloadExtension:
-    """Mixed into vLLM's worker; called through ``collective_rpc('raypost_reload', args=(path,))``."""
+    """Mixed into vLLM's worker; called through ``collective_rpc('raypost_load', args=(source,))``
+    with a weight channel's source (``raypost.serve.channel``)."""
 
-    def raypost_reload(self, path: str) -> bool:
-        self.model_runner.reload_weights(weights_iterator=_tensors(path), is_checkpoint_format=True)
+    def raypost_load(self, source: dict[str, Any]) -> bool:
+        if "file" in source:
+            return self._raypost_apply(_tensors(source["file"]))
+        from raypost.serve.collective import receive
+
+        rank = getattr(self, "rank", 0)  # the worker's rank among the replica's engine workers
+        device = getattr(self, "device", "cpu") if source["collective"]["backend"] == "nccl" else "cpu"
+        return self._raypost_apply(receive(source["collective"], rank, device))
+
+    def _raypost_apply(self, tensors: Iterable) -> bool:
+        self.model_runner.reload_weights(weights_iterator=tensors, is_checkpoint_format=True)
         model = self.model_runner.get_model()
         cfg = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
         lm_head, inner = getattr(model, "lm_head", None), getattr(model, "model", None)

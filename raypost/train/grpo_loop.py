@@ -27,7 +27,7 @@ from raypost.rl.tensors import collate, loss_tokens, sequences, token_logprobs, 
 from raypost.train import checkpointing
 from raypost.train.batches import micro_batches, to_device
 from raypost.train.engine import all_sum, backward_share, setup_learner
-from raypost.serve.channel import channel
+from raypost.serve.channel import rollout_channel
 from raypost.train.sync import broadcast_from_rank0, push_weights
 from raypost.utils.metrics import MetricsLogger, Progress
 
@@ -126,7 +126,7 @@ def grpo_loop(config: dict[str, Any]) -> None:
     state = checkpointing.restore(engine)
     if rank == 0:
         checkpointing.rewind_on_start(config["run_dir"], state, "grpo")
-    zero, chan = cfg.deepspeed.zero_stage, channel(cfg.rollout.weight_transport, config["weights_dir"])
+    zero, chan = cfg.deepspeed.zero_stage, rollout_channel(cfg.rollout, config["weights_dir"])
     push_weights(engine, zero, state.weight_version, chan, rank)  # replicas serve the restored weights
     producer = _start_producer(cfg, state, config) if rank == 0 else None
     logger = MetricsLogger(config["run_dir"], rank == 0, cfg.run.wandb_mode, run_name=cfg.run.name,
@@ -160,6 +160,7 @@ def grpo_loop(config: dict[str, Any]) -> None:
     finally:
         if producer is not None:
             producer.stop()
+        chan.stop_serving()
     logger.finish()
 
 

@@ -25,7 +25,7 @@ from raypost.algos.distill import KDParams, kd_loss, on_policy_reverse_kl
 from raypost.config.distill import DistillConfig
 from raypost.rewards.verifiers import answers_match
 from raypost.rl.tensors import collate, loss_tokens, token_logprobs, trim_to_completions
-from raypost.serve.channel import channel
+from raypost.serve.channel import rollout_channel
 from raypost.serve.weights import check_served
 from raypost.train import checkpointing
 from raypost.train.batches import micro_batches, to_device
@@ -141,7 +141,7 @@ def onpolicy_loop(config: dict[str, Any]) -> None:
     if rank == 0:
         checkpointing.rewind_on_start(config["run_dir"], state, "on_policy")
     ctx = _controller(cfg, state, config) if rank == 0 else None
-    zero, chan = cfg.deepspeed.zero_stage, channel(cfg.rollout.weight_transport, config["weights_dir"])
+    zero, chan = cfg.deepspeed.zero_stage, rollout_channel(cfg.rollout, config["weights_dir"])
     push_weights(engine, zero, state.weight_version, chan, rank)
     logger = MetricsLogger(config["run_dir"], rank == 0, cfg.run.wandb_mode, run_name=cfg.run.name,
                            config=config["cfg"])
@@ -168,4 +168,5 @@ def onpolicy_loop(config: dict[str, Any]) -> None:
         if last or state.step % cfg.run.checkpoint_every == 0:
             exporter = checkpointing.hf_exporter(engine, zero, tok, rank) if last else None
             checkpointing.save_and_report(engine, state, {"step": state.step, **metrics}, rank, exporter)
+    chan.stop_serving()
     logger.finish()

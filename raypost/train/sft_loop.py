@@ -115,7 +115,7 @@ def sft_loop(config: dict[str, Any]) -> None:
             metrics = {"phase": "sft", "loss": loss_g, "tokens_per_s": tok_g / max(dt, 1e-9),
                        "step_s": dt / window_steps, "lr": engine.get_lr()[0], **extra}  # extra: rank 0's objective
             window_tokens, window_steps, window_t0 = 0.0, 0, time.time()
-        if last or (cfg.train.eval_every and state.step % cfg.train.eval_every == 0):
+        if cfg.train.eval_loss and (last or (cfg.train.eval_every and state.step % cfg.train.eval_every == 0)):
             # its own cadence: a checkpoint's report carries the eval loss even between log lines
             metrics["eval_loss"] = eval_loss(engine, tokenizer.pad_token_id, rank, world, cfg.optim.micro_batch_size)
             if not logged:

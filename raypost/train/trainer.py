@@ -10,6 +10,7 @@ import ray.train
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from raypost.config import ResourcesConfig, RunConfig
+from raypost.utils.alloc import jemalloc_env
 
 
 def run_dir(run: RunConfig) -> Path:
@@ -57,7 +58,7 @@ def fit(loop: Callable[[dict[str, Any]], None], loop_config: dict[str, Any], res
             name=name or run.name, storage_path=str(Path(run.storage_path).expanduser().resolve()),
             failure_config=ray.train.FailureConfig(max_failures=run.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=run.keep_checkpoints),
-            callbacks=callbacks),
+            callbacks=callbacks, worker_runtime_env=jemalloc_env(res.jemalloc)),
         datasets=datasets,
         dataset_config=ray.train.DataConfig(datasets_to_split=[], execution_options=opts),
         torch_config=TorchConfig(backend="nccl" if res.gpus_per_worker > 0 else "gloo"),

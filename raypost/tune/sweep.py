@@ -44,6 +44,8 @@ def check_metric_cadence(space: SpaceFile) -> None:
     if space.pipeline not in ("sft", "distill") or space.metric != "eval_loss":
         return
     cfg = trial_config(space, {})
+    if not cfg.train.eval_loss:
+        raise ConfigError("metric eval_loss needs the eval-loss passes: set base.train.eval_loss to true")
     every, ckpt = cfg.train.eval_every, cfg.run.checkpoint_every
     if every is None or ckpt % every:
         raise ConfigError(f"metric eval_loss is reported with each checkpoint, so base.run.checkpoint_every ({ckpt}) "

@@ -1,0 +1,166 @@
+"""The collective weight transport: learner rank 0 serves each version over a torch process group.
+
+Rank 0 keeps the newest version as one flat buffer (``channel.pack``) and runs a small server
+thread around a ``TCPStore`` on its node. A replica that finds a newer version on the board asks
+that server for it (``request``): it takes a ticket (a counter in the store) and says how many
+engine workers it has. The server answers tickets in order: it files the version and the tensor
+layout under the ticket, forms a process group of itself (rank 0) and the replica's workers
+(ranks 1..w), and broadcasts the buffer bucket by bucket (``bucket_bytes``). Each worker loads a
+bucket's tensors as it arrives (``receive``). No file is written on either side.
+
+A group lives for one transfer, so a replica that starts late, restarts or dies does not touch the
+others: a receiver that dies fails its own transfer (the server logs it and serves the next
+ticket), and its replacement asks again for the newest version. The price is one group set-up
+per transfer: about a millisecond with gloo. gloo carries CPU buffers; with ``backend="nccl"``
+the buffer and the receivers' buckets live on the GPUs and NCCL carries them (not yet run on a GPU).
+
+Only JSON and raw tensor bytes cross the wire: nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from datetime import timedelta
+from typing import Any, Iterator, Mapping
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger("raypost")
+
+STOP = "stop"
+
+
+def buckets_of(meta: list[tuple[str, str, list[int], int, int]], bucket_bytes: int) -> list[tuple[int, int]]:
+    """Byte ranges [lo, hi) of the flat buffer that hold whole tensors, each at most ``bucket_bytes``
+    (a larger tensor is a bucket of its own). ``meta`` is ``channel.pack``'s, in buffer order."""
+    out: list[tuple[int, int]] = []
+    lo = hi = 0
+    for *_, offset, nbytes in meta:
+        if hi > lo and offset + nbytes - lo > bucket_bytes:
+            out.append((lo, hi))
+            lo = offset
+        hi = offset + nbytes
+    if hi > lo:
+        out.append((lo, hi))
+    return out
+
+
+def _group(store: Any, ticket: int, rank: int, size: int, backend: str, timeout_s: float) -> Any:
+    """A process group of ``size`` ranks for one transfer, met through ``store`` under the ticket."""
+    prefix = dist.PrefixStore(f"g{ticket}/pg/", store)
+    if backend == "nccl":
+        return dist.ProcessGroupNCCL(prefix, rank, size)
+    return dist.ProcessGroupGloo(prefix, rank, size, timedelta(seconds=timeout_s))
+
+
+def _broadcast(group: Any, tensor: torch.Tensor) -> None:
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    group.broadcast([tensor], opts).wait()
+
+
+class WeightServer:
+    """Learner rank 0's side: the newest version, sent to each replica that asks for it."""
+
+    def __init__(self, host: str, backend: str = "gloo", bucket_bytes: int = 64 << 20, timeout_s: float = 60.0,
+                 ticket_wait_s: float = 30.0) -> None:
+        self.backend, self.bucket_bytes, self.timeout_s = backend, bucket_bytes, timeout_s
+        self.ticket_wait_s = ticket_wait_s  # a ticket taken but never filed (its replica died) is skipped
+        self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(days=30))
+        self.address = {"host": host, "port": self.store.port, "backend": backend}
+        self._offer: dict[str, Any] | None = None
+        self._lock = threading.Lock()
+        self.sent: list[dict[str, Any]] = []  # one record per transfer: ticket, version, seconds, error
+        self._thread = threading.Thread(target=self._serve, name="raypost-weight-server", daemon=True)
+        self._thread.start()
+
+    def offer(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
+        """Make ``state`` the version that the next transfers send."""
+        from raypost.serve.channel import pack
+
+        meta, flat = pack(state)
+        buf = torch.from_numpy(flat)
+        if self.backend == "nccl":
+            buf = buf.cuda()
+        with self._lock:
+            self._offer = {"version": version, "meta": meta, "buckets": buckets_of(meta, self.bucket_bytes), "buf": buf}
+
+    def stop(self) -> None:
+        """Serve the tickets already taken, then end the thread."""
+        ticket = self.store.add("ticket", 1)
+        self.store.set(f"req/{ticket}", json.dumps({STOP: True}))
+        self._thread.join(timeout=self.timeout_s)
+
+    def _serve(self) -> None:
+        ticket = 1
+        while True:
+            req = self._next_request(ticket)
+            if req is not None and req.get(STOP):
+                return
+            if req is not None:
+                self._send(ticket, int(req["workers"]))
+            ticket += 1
+
+    def _next_request(self, ticket: int) -> dict[str, Any] | None:
+        """The request filed under ``ticket`` (polled: a blocking wait would need a timeout that
+        c10d logs each time); None when a later ticket exists and this one stayed empty too long."""
+        key, since = f"req/{ticket}", None
+        while not self.store.check([key]):
+            if self.store.add("ticket", 0) > ticket:
+                since = since or time.monotonic()
+                if time.monotonic() - since > self.ticket_wait_s:
+                    log.warning("weight server: ticket %d was taken but never filed; skipped", ticket)
+                    return None
+            time.sleep(0.02)
+        return json.loads(self.store.get(key))
+
+    def _send(self, ticket: int, workers: int) -> None:
+        with self._lock:
+            offer = self._offer
+        t0, record = time.perf_counter(), {"ticket": ticket, "version": offer["version"] if offer else None}
+        try:
+            if offer is None:
+                raise RuntimeError("a replica asked for weights before the first version was offered")
+            header = {k: offer[k] for k in ("version", "meta", "buckets")}
+            self.store.set(f"g{ticket}/offer", json.dumps(header))
+            group = _group(self.store, ticket, 0, 1 + workers, self.backend, self.timeout_s)
+            for lo, hi in offer["buckets"]:
+                _broadcast(group, offer["buf"][lo:hi])
+        except Exception as e:  # noqa: BLE001 - a receiver that died fails its own transfer only
+            record["error"] = f"{type(e).__name__}: {e}"
+            log.warning("weight server: transfer %d (version %s) failed: %s", ticket, record["version"], e)
+        record["seconds"] = time.perf_counter() - t0
+        self.sent = [*self.sent[-99:], record]
+
+
+def request(address: Mapping[str, Any], workers: int, timeout_s: float = 120.0) -> dict[str, Any]:
+    """A replica's side, before its workers receive: take a ticket and wait for the server to file
+    the version it will send. Returns the ``source`` that the workers' ``receive`` takes."""
+    store = dist.TCPStore(address["host"], address["port"], is_master=False, timeout=timedelta(seconds=timeout_s))
+    ticket = store.add("ticket", 1)
+    store.set(f"req/{ticket}", json.dumps({"workers": workers}))
+    header = json.loads(store.get(f"g{ticket}/offer"))  # blocks while earlier tickets are served
+    return {**address, "ticket": ticket, "workers": workers, "timeout_s": timeout_s, **header}
+
+
+def receive(source: Mapping[str, Any], worker_rank: int, device: torch.device | str = "cpu") -> Iterator[
+        tuple[str, torch.Tensor]]:
+    """An engine worker's side: join the ticket's group as rank ``1 + worker_rank`` and yield
+    (name, tensor) for each bucket's tensors as the bucket arrives (views into that bucket)."""
+    store = dist.TCPStore(source["host"], source["port"], is_master=False,
+                          timeout=timedelta(seconds=source["timeout_s"]))
+    group = _group(store, source["ticket"], 1 + worker_rank, 1 + source["workers"], source["backend"],
+                   source["timeout_s"])
+    meta = iter(source["meta"])
+    pending = next(meta, None)
+    for lo, hi in source["buckets"]:
+        buf = torch.empty(hi - lo, dtype=torch.uint8, device=device)
+        _broadcast(group, buf)
+        while pending is not None and pending[3] < hi:
+            name, dtype, shape, offset, nbytes = pending
+            yield name, buf[offset - lo:offset - lo + nbytes].view(getattr(torch, dtype)).reshape(shape)
+            pending = next(meta, None)

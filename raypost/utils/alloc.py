@@ -1,0 +1,28 @@
+"""jemalloc for the processes that allocate large tensors every step (learners, the teacher pass).
+
+With glibc's malloc, a freed tensor above the mmap threshold (logits of a 49k-token vocabulary,
+activations) goes back to the OS, and the next step faults its pages in again: on the SmolLM2
+student here that was a third of a learner step, most of it kernel time. Ray's wheel ships a
+jemalloc; preloaded with decay off, freed pages stay with the process for the next step
+(benchmarks/RESULTS.md, "jemalloc"). A process then holds its peak until it exits.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+JEMALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
+
+
+def jemalloc_env(enabled: bool = True) -> dict[str, Any]:
+    """A Ray runtime env that preloads Ray's own jemalloc (``{}`` when off or not shipped). A
+    ``LD_PRELOAD`` or ``MALLOC_CONF`` already set in this process is kept."""
+    import ray
+
+    lib = Path(ray.__file__).parent / "core" / "libjemalloc.so"
+    if not enabled or not lib.is_file():
+        return {}
+    preload = " ".join(x for x in (str(lib), os.environ.get("LD_PRELOAD", "")) if x)
+    return {"env_vars": {"LD_PRELOAD": preload, "MALLOC_CONF": os.environ.get("MALLOC_CONF", JEMALLOC_CONF)}}
