@@ -88,6 +88,8 @@ def test_a_receiver_that_never_joins_fails_only_its_own_transfer():
 
     server = WeightServer("127.0.0.1", timeout_s=2.0, ticket_wait_s=0.5)
     try:
+        with pytest.raises(RuntimeError, match="before the first version was offered"):
+            request(server.address, workers=1)  # answered at once, not at the replica's timeout
         state = {"w": torch.arange(6.0)}
         server.offer(7, state)
         request(server.address, workers=1)  # its worker never joins: the server gives up after 2 s
@@ -98,6 +100,6 @@ def test_a_receiver_that_never_joins_fails_only_its_own_transfer():
         store.add("ticket", 1)  # a ticket taken by a replica that died before filing it: skipped
         src = request(server.address, workers=1)
         assert src["version"] == 7 and torch.equal(dict(receive(src, 0))["w"], state["w"])
-        assert "error" in server.sent[0] and "error" not in server.sent[1]
+        assert ["error" in r for r in server.sent] == [True, True, False]
     finally:
         server.stop()

@@ -1,7 +1,8 @@
-"""Weights through Ray's object store to replicas on other nodes (issue 21), on a cluster this
-test starts (own temp dir and ports, stopped by its process group): a head, where the driver
-pushes weights as the learner's rank 0 would, node B for the rollout replicas, and node C,
-added while the app runs. The driver (``tests/weights_multinode_driver.py``) reports each step."""
+"""Weights to replicas on other nodes (issue 21), through Ray's object store and over a gloo
+group (collective), on a cluster this test starts (own temp dir and ports, stopped by its
+process group): a head, where the driver pushes weights as the learner's rank 0 would, node B
+for the rollout replicas, and node C, added while the app runs. The driver
+(``tests/weights_multinode_driver.py``) reports each step."""
 
 from __future__ import annotations
 
@@ -16,12 +17,12 @@ from raypost.utils.local_head import LocalHead
 from tests.conftest import ROOT
 
 
-def drive(head: LocalHead, model: Path, weights_dir: str, log: Path) -> dict[str, dict]:
+def drive(head: LocalHead, model: Path, weights_dir: str, log: Path, transport: str) -> dict[str, dict]:
     """Run the driver; when it asks for node C, add it. Returns its steps by name."""
     steps: dict[str, dict] = {}
     with log.open("w") as err:
         proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "weights_multinode_driver.py"), str(model),
-                                 weights_dir], cwd=ROOT, env=head.env(), stdin=subprocess.PIPE,
+                                 weights_dir, transport], cwd=ROOT, env=head.env(), stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=err, text=True)
         try:
             for line in proc.stdout:
@@ -42,11 +43,13 @@ def drive(head: LocalHead, model: Path, weights_dir: str, log: Path) -> dict[str
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_replicas_killed_during_a_push_or_added_on_a_new_node_serve_the_latest_version(tiny_model, tmp_path):
+@pytest.mark.parametrize("transport", ["object_store", "collective"])
+def test_replicas_killed_during_a_push_or_added_on_a_new_node_serve_the_latest_version(tiny_model, tmp_path,
+                                                                                       transport):
     weights_dir = f"/dev/shm/raypost-test-{tmp_path.name}"
     with LocalHead(num_cpus=2) as head:
         node_b = head.add_node(2, {"rollout_node": 2})
-        steps = drive(head, tiny_model, weights_dir, tmp_path / "driver.log")
+        steps = drive(head, tiny_model, weights_dir, tmp_path / "driver.log", transport)
     node_c = steps["node_c"]["id"]
     # Both replicas run on node B, and serve version 1, pushed from the head.
     first = steps["deployed"]

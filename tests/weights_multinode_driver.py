@@ -1,10 +1,10 @@
 """Driver of ``tests/test_weights_multinode.py``, run by that test with RAY_ADDRESS set to its
 cluster: a head, where this process pushes weights as the learner's rank 0 would, and node B
-(``rollout_node``), where the rollout replicas must run. Weights go through Ray's object store
-(``rollout.weight_transport: object_store``). Each step is reported as one JSON line on stdout;
-before the last one it waits for a line on stdin, while the test adds node C.
+(``rollout_node``), where the rollout replicas must run. Weights go through TRANSPORT
+(``rollout.weight_transport``: object_store or collective). Each step is reported as one JSON
+line on stdout; before the last one it waits for a line on stdin, while the test adds node C.
 
-    python tests/weights_multinode_driver.py MODEL WEIGHTS_DIR
+    python tests/weights_multinode_driver.py MODEL WEIGHTS_DIR TRANSPORT
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def killed_during_push(client: Any, model: str, prompts: list[list[int]], victim
     return {"hung": worker.is_alive(), "errors": errors, "versions": [g["version"] for g in answers]}
 
 
-def main(model: str, weights_dir: str) -> None:
+def main(model: str, weights_dir: str, transport: str) -> None:
     import ray
     from ray import serve
     from ray.serve.api import RunTarget
@@ -90,15 +90,16 @@ def main(model: str, weights_dir: str) -> None:
     ray.init()
     serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
     cfg = RolloutConfig.model_validate({"num_replicas": 3, "cpus_per_replica": 0.5, "max_model_len": 256,
-                                        "weights_dir": weights_dir, "weight_transport": "object_store",
+                                        "weights_dir": weights_dir, "weight_transport": transport,
                                         "ray_resources": {"rollout_node": 1}})
     greedy = {"temperature": 0.0, "max_tokens": 8}
     prompts = prompts_for(model, 4)
+    client = None
     try:
         # Three replicas of one rollout_node each: two fit on node B, the third waits for a node.
         serve.run_many([RunTarget(build_app(model, cfg), name="rollout", route_prefix=None)],
                        wait_for_applications_running=False)
-        client = RolloutClient("rollout", weights_dir, max_attempts=8, transport="object_store")
+        client = RolloutClient("rollout", weights_dir, max_attempts=8, transport=transport)
         client.update_weights(1, perturbed(model, 0.05, seed=1))
         first = wait_running(2)
         say(step="deployed", versions=[g["version"] for g in client.generate(prompts * 4, 1, greedy)],
@@ -125,10 +126,12 @@ def main(model: str, weights_dir: str) -> None:
             new_nodes=sorted(set(scaled.values()) - node_b), live_after=sorted(set(replica_nodes().values())))
     finally:
         serve.delete("rollout")
-        channel("object_store", weights_dir).close()
+        if client is not None:
+            client.channel.stop_serving()  # collective: this process served the versions
+        channel(transport, weights_dir).close()
     say(step="done", board_left=any(a["name"] == f"raypost-weights:{weights_dir}"
                                     for a in ray.util.list_named_actors(all_namespaces=True)))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], sys.argv[3])

@@ -122,17 +122,23 @@ class WeightServer:
         with self._lock:
             offer = self._offer
         t0, record = time.perf_counter(), {"ticket": ticket, "version": offer["version"] if offer else None}
+        announced = False
         try:
             if offer is None:
                 raise RuntimeError("a replica asked for weights before the first version was offered")
             header = {k: offer[k] for k in ("version", "meta", "buckets")}
             self.store.set(f"g{ticket}/offer", json.dumps(header))
+            announced = True
+            if self.backend == "nccl":
+                torch.cuda.set_device(offer["buf"].device)  # this thread's NCCL device: the learner's
             group = _group(self.store, ticket, 0, 1 + workers, self.backend, self.timeout_s)
             for lo, hi in offer["buckets"]:
                 _broadcast(group, offer["buf"][lo:hi])
         except Exception as e:  # noqa: BLE001 - a receiver that died fails its own transfer only
             record["error"] = f"{type(e).__name__}: {e}"
             log.warning("weight server: transfer %d (version %s) failed: %s", ticket, record["version"], e)
+            if not announced:  # the replica is waiting for the header: it fails now, not at its timeout
+                self.store.set(f"g{ticket}/offer", json.dumps({"error": record["error"]}))
         record["seconds"] = time.perf_counter() - t0
         self.sent = [*self.sent[-99:], record]
 
@@ -144,6 +150,8 @@ def request(address: Mapping[str, Any], workers: int, timeout_s: float = 120.0) 
     ticket = store.add("ticket", 1)
     store.set(f"req/{ticket}", json.dumps({"workers": workers}))
     header = json.loads(store.get(f"g{ticket}/offer"))  # blocks while earlier tickets are served
+    if "error" in header:
+        raise RuntimeError(f"learner rank 0's weight server could not send ticket {ticket}: {header['error']}")
     return {**address, "ticket": ticket, "workers": workers, "timeout_s": timeout_s, **header}
 
 
