@@ -11,8 +11,9 @@ process (the allocator is chosen when the process starts):
 * jemalloc, decay off: the same library with ``MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1``,
   what raypost's learners and teacher pass run with (``raypost.utils.alloc``).
 
-Reported per variant: median step seconds (first step left out), user and system CPU seconds
-per step, and peak RSS.
+The steps run on a thread other than the main one, as in a Ray Train worker. Reported per
+variant: median step seconds (first step left out), user and system CPU seconds per step (the
+whole process), and peak RSS.
 
     .venv/bin/python benchmarks/allocator.py                       # SmolLM2-135M if installed, else the 100M shape
     .venv/bin/python benchmarks/allocator.py --model tiny --steps 6
@@ -40,7 +41,19 @@ MARK = "ALLOC_BENCH "
 
 
 def child(model_dir: str, steps: int) -> dict[str, Any]:
-    """Time ``steps`` learner steps in this process."""
+    """Time ``steps`` learner steps in this process, on a thread of its own: Ray Train runs the
+    training function on one ("TrainingThread"), and glibc gives such a thread its own mmap'd
+    arena, which it trims back to the OS more eagerly than the main one."""
+    import threading
+
+    out: dict[str, Any] = {}
+    worker = threading.Thread(target=lambda: out.update(_steps(model_dir, steps)), name="TrainingThread")
+    worker.start()
+    worker.join()
+    return out
+
+
+def _steps(model_dir: str, steps: int) -> dict[str, Any]:
     import torch
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000), RANK="0",

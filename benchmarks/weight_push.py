@@ -3,6 +3,8 @@
 What is timed is what a push costs between the learner's ``push_weights`` and a replica's engine
 holding the new tensors: the learner's ``channel.publish(version, state)``, then the replica's
 ``channel.fetch`` and the read of the tensors the engine's worker does (``vllm_ext._tensors``).
+Each transport publishes an untimed version 0 first, which starts the run's board actor (about
+1.5-2 s, once per run).
 
 * memcpy: ``copy_`` of every tensor into preallocated tensors of the same shapes (the floor).
 * shm: publish writes ``v<k>.safetensors`` into /dev/shm; the reader is this process.
@@ -58,17 +60,21 @@ def time_memcpy(state: dict[str, Any]) -> float:
     return time.perf_counter() - t0
 
 
-def time_shm(state: dict[str, Any], version: int) -> tuple[float, float]:
+def time_shm(state: dict[str, Any], repeats: int) -> list[tuple[float, float]]:
+    """(publish, publish + read) per version, after an untimed version 0 that starts the run's board."""
     from raypost.serve.channel import channel
 
     chan = channel("shm", f"/dev/shm/raypost-bench-{uuid.uuid4().hex[:8]}")
+    out = []
     try:
-        t0 = time.perf_counter()
-        chan.publish(version, state)
-        t1 = time.perf_counter()
-        _, source = asyncio.run(chan.fetch(0))
-        read_tensors(source["file"])
-        return t1 - t0, time.perf_counter() - t0
+        for version in range(repeats + 1):
+            t0 = time.perf_counter()
+            chan.publish(version, state)
+            t1 = time.perf_counter()
+            _, source = asyncio.run(chan.fetch(-1))
+            read_tensors(source["file"])
+            out.append((t1 - t0, time.perf_counter() - t0))
+        return out[1:]
     finally:
         chan.close()
 
@@ -130,6 +136,7 @@ def time_across_nodes(address: str, model_dir: Path, repeats: int, transport: st
     far = ray.remote(Fetcher).options(**on["node_b"]).remote(weights_dir, transport)
     out: dict[str, list[float]] = {"publish": [], "same node": [], "other node": []}
     try:
+        ray.get(pub.publish.remote(0))  # untimed: starts the run's board (and collective's server)
         for v in range(1, repeats + 1):
             out["publish"].append(ray.get(pub.publish.remote(v)))
             out["same node"].append(out["publish"][-1] + ray.get(near.fetch.remote()))
@@ -179,7 +186,7 @@ def main() -> None:
             state = load_state(path)
             nbytes = sum(t.numel() * t.element_size() for t in state.values())
             memcpy = statistics.median(time_memcpy(state) for _ in range(args.repeats))
-            shm = [time_shm(state, v) for v in range(1, args.repeats + 1)]
+            shm = time_shm(state, args.repeats)
             med = {"memcpy": memcpy, "shm publish": statistics.median(s[0] for s in shm),
                    "shm publish + read": statistics.median(s[1] for s in shm)}
             result["models"][name] = {"bytes": nbytes, "median_s": med, "shm_runs": shm}
