@@ -190,7 +190,7 @@ class ResourcesConfig(StrictModel):
     torch_threads: int | None = Field(None, ge=1, le=1024, description="torch intra-op threads per worker (default: cores/workers).")
     jemalloc: bool = Field(True, description="Preload the jemalloc that ships with Ray into the learner workers, keeping "
                                              "freed pages for reuse: with glibc's malloc every step faults its large "
-                                             "tensors (logits, activations) in again (a quarter of a SmolLM2 step on CPU).")
+                                             "tensors (logits, activations) in again (a third of a SmolLM2 step on CPU).")
     ray_resources: dict[str, float] = Field(
         default_factory=dict, description="Ray custom resources each worker requests, to pin the learner to the nodes "
                                           "that advertise them, e.g. {learner_node: 1}.")

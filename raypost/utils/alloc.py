@@ -1,9 +1,10 @@
 """jemalloc for the processes that allocate large tensors every step (learners, the teacher pass).
 
-With glibc's malloc, a freed tensor above the mmap threshold (logits of a 49k-token vocabulary,
-activations) goes back to the OS, and the next step faults its pages in again: on the SmolLM2
-student here that was a third of a learner step, most of it kernel time. Ray's wheel ships a
-jemalloc; preloaded with decay off, freed pages stay with the process for the next step
+With glibc's malloc, the memory of a step's large tensors (logits of a 49k-token vocabulary,
+activations) goes back to the OS when they are freed, and the next step faults it in again; Ray
+Train runs the training function on a thread of its own, whose glibc arena is trimmed eagerly.
+On the SmolLM2 student here that was a third of a learner step. Ray's wheel ships a jemalloc;
+preloaded with decay off, freed pages stay with the process for the next step
 (benchmarks/RESULTS.md, "jemalloc"). A process then holds its peak until it exits.
 """
 
