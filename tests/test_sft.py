@@ -50,7 +50,9 @@ def test_sft_zero_two_workers(ray_cluster, tmp_path, zero):
 
     from raypost.models.hf import load_causal_lm
 
-    run_pipeline("sft.py", small_args(tmp_path, f"z{zero}", zero, steps=8, every=8), ray_cluster)
+    # Without the eval-loss pass (train.eval_loss false): held-out accuracy is still reported.
+    run_pipeline("sft.py", [*small_args(tmp_path, f"z{zero}", zero, steps=8, every=8), "--train.eval_loss", "false"],
+                 ray_cluster)
     run = tmp_path / f"z{zero}"
     report = json.loads((run / "report.json").read_text())
     assert report["steps"] == 8 and report["heldout_n"] == 16 and 0.0 <= report["heldout_accuracy"] <= 1.0
@@ -58,6 +60,7 @@ def test_sft_zero_two_workers(ray_cluster, tmp_path, zero):
     assert list((run / "wandb").glob("offline-run-*")), "wandb should log offline into the run folder"
     losses = [r["loss"] for r in read_jsonl(run / "metrics.jsonl") if "loss" in r]
     assert len(losses) == 8 and losses[-1] < losses[0]
+    assert not any("eval_loss" in r for r in read_jsonl(run / "metrics.jsonl"))
     # The exported HF model holds exactly the weights DeepSpeed checkpointed (ZeRO-3: gathered).
     ckpt = Path(report["model_path"]).parent
     ds_state = get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag="ds")

@@ -276,6 +276,4 @@ def rollout_channel(rollout: Any, weights_dir: str | Path | None = None) -> Weig
 def channel(transport: str, weights_dir: str | Path, **options: Any) -> WeightChannel:
     """The ``transport`` channel of the run whose pushed weights live under ``weights_dir``
     (``options``: collective's ``workers`` per replica and ``bucket_mb``)."""
-    if transport != "collective":
-        return CHANNELS[transport](str(weights_dir))
-    return CollectiveChannel(str(weights_dir), **options)
+    return CHANNELS[transport](str(weights_dir), **options)
