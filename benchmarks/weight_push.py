@@ -99,8 +99,9 @@ class Publisher:
 
 
 class Fetcher:
-    """A replica: fetch the newest version, then load it as the worker does: read the staged file
-    (object_store), or receive every bucket (collective)."""
+    """A replica: fetch the newest version, then load it as the worker does: receive every bucket
+    (object_store: from this replica's own server, after pulling the objects; collective: from the
+    learner's)."""
 
     def __init__(self, weights_dir: str, transport: str) -> None:
         from raypost.serve.channel import channel

@@ -60,7 +60,7 @@ def main(argv: list[str]) -> dict:
     from raypost.config import ModelConfig
     from raypost.phases import data as data_phase
     from raypost.phases import distill as distill_phase
-    from raypost.utils.report import plot_curves, write_report
+    from raypost.utils.report import finish_run
 
     log = logging.getLogger("raypost")
     t0 = time.time()
@@ -98,9 +98,8 @@ def main(argv: list[str]) -> dict:
         "samples": results["student"]["samples"], "phase_s": {k: p.wall_s for k, p in phases.items()},
         "wall_s": time.time() - t0,
     }
-    write_report(run_dir, report)
-    plot_curves(run_dir / "student" / "metrics.jsonl", ["loss", "kd", "eval_loss"], run_dir / "loss.png",
-                f"distill ({cfg.distill.mode})")
+    finish_run(run_dir, report, "student/metrics.jsonl", ["loss", "kd", "eval_loss"], "loss.png",
+               f"distill ({cfg.distill.mode})")
     log.info("report: %s", run_dir / "report.json")
     return report
 

@@ -52,7 +52,7 @@ def main(argv: list[str]) -> dict:
 
     from raypost.phases import data as data_phase
     from raypost.phases import grpo as grpo_phase
-    from raypost.utils.report import plot_curves, write_report
+    from raypost.utils.report import finish_run
 
     log = logging.getLogger("raypost")
     t0 = time.time()
@@ -84,9 +84,8 @@ def main(argv: list[str]) -> dict:
         "samples_after": after["samples"], "final_metrics": metrics,
         "phase_s": {"warmup": warmup_s, "grpo": grpo_s}, "wall_s": time.time() - t0,
     }
-    write_report(run_dir, report)
-    plot_curves(run_dir / "metrics.jsonl", ["reward_mean", "accuracy", "response_len", "loss", "step_s"],
-                run_dir / "reward.png", "GRPO")
+    finish_run(run_dir, report, "metrics.jsonl", ["reward_mean", "accuracy", "response_len", "loss", "step_s"],
+               "reward.png", "GRPO")
     log.info("report: %s", run_dir / "report.json")
     return report
 

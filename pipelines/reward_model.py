@@ -45,7 +45,7 @@ def main(argv: list[str]) -> dict:
 
     from raypost.phases import data as data_phase
     from raypost.phases import reward_model as rm_phase
-    from raypost.utils.report import plot_curves, write_report
+    from raypost.utils.report import finish_run
 
     log = logging.getLogger("raypost")
     t0 = time.time()
@@ -65,9 +65,7 @@ def main(argv: list[str]) -> dict:
         "backbone": backbone, "data": counts, "heldout_pairwise_accuracy": metrics.get("eval_accuracy"),
         "final_metrics": metrics, "train_wall_s": train_s, "wall_s": time.time() - t0,
     }
-    write_report(run_dir, report)
-    plot_curves(run_dir / "metrics.jsonl", ["loss", "accuracy", "eval_accuracy"], run_dir / "loss.png",
-                "Reward model")
+    finish_run(run_dir, report, "metrics.jsonl", ["loss", "accuracy", "eval_accuracy"], "loss.png", "Reward model")
     log.info("report: %s", run_dir / "report.json")
     return report
 

@@ -41,7 +41,7 @@ def main(argv: list[str]) -> dict:
 
     from raypost.phases import data as data_phase
     from raypost.phases import sft as sft_phase
-    from raypost.utils.report import plot_curves, write_report
+    from raypost.utils.report import finish_run
 
     log = logging.getLogger("raypost")
     t0 = time.time()
@@ -63,8 +63,7 @@ def main(argv: list[str]) -> dict:
         "heldout_accuracy": evaluation["accuracy"], "heldout_n": evaluation["n"], "samples": evaluation["samples"],
         "tokens_per_s": sft.metrics.get("tokens_per_s"), "train_wall_s": sft.wall_s, "wall_s": time.time() - t0,
     }
-    write_report(run_dir, report)
-    plot_curves(run_dir / "metrics.jsonl", ["loss", "eval_loss", "tokens_per_s"], run_dir / "loss.png", "SFT")
+    finish_run(run_dir, report, "metrics.jsonl", ["loss", "eval_loss", "tokens_per_s"], "loss.png", "SFT")
     log.info("report: %s", run_dir / "report.json")
     return report
 

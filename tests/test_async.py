@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from raypost.algos import OFF_POLICY, POLICY_LOSSES, LossParams
+from raypost.algos.offpolicy import current_version_ratio
 from raypost.config.grpo import AlgoConfig
 from raypost.rl.controller import RolloutController, StalenessAdmission
 from raypost.rl.groups import dynamic_sampling
@@ -141,6 +142,16 @@ def test_truncated_is_by_hand():
     assert loss == pytest.approx(-1.0)
     assert grad == pytest.approx([-0.75, -0.25])  # d/dlogp of -w * ratio, / 2 tokens
     assert m["behav_ratio_mean"] == pytest.approx(1.25) and m["is_capped_frac"] == pytest.approx(0.5)
+
+
+def test_current_version_ratio_reads_only_the_current_versions_completion_tokens():
+    # row 0 (current version): ratios e^0.1, e^-0.1 on its 2 completion tokens; row 1 (one version
+    # old) and row 0's prompt token are left out, however far off they are
+    logp = torch.tensor([[0.0, -1.0, -2.0], [-1.0, -1.0, -1.0]])
+    behav = torch.tensor([[5.0, -1.1, -1.9], [-3.0, -3.0, -3.0]])
+    mask = torch.tensor([[0.0, 1.0, 1.0], [1.0, 1.0, 1.0]])
+    total, n = current_version_ratio(logp, behav, mask, torch.tensor([1.0, 0.0]))
+    assert n == 2 and total == pytest.approx(math.exp(0.1) + math.exp(-0.1), rel=1e-6)
 
 
 def test_decoupled_by_hand():

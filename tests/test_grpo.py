@@ -138,6 +138,10 @@ def test_grpo_job_learns_then_resumes_async_with_a_reward_model(cluster, tmp_pat
         assert abs(r["behav_ratio_mean"] - 1.0) < 0.02, (r["step"], r["behav_ratio_mean"])
     # Async: the producer generated the next batch while the learner trained, never 2 versions behind.
     assert max(r["staleness_max"] for r in grpo[LEARN_STEPS:]) == 1
+    # The samples of the learner's current version (the first resumed batch is all of them: generated
+    # on the restored weights, pushed over the gloo group) still give pi_learner / pi_behaviour = 1.
+    fresh = [r["behav_ratio_fresh"] for r in grpo if "behav_ratio_fresh" in r]
+    assert len(fresh) > LEARN_STEPS and all(abs(x - 1.0) < 0.02 for x in fresh), fresh
     rewards = first["config"]["reward"]["rewards"]
     for r in grpo[LEARN_STEPS:]:  # reward = the configured verifier rewards + 0.5 reward model, per sample, so in the mean too
         expected = sum(w["weight"] * r[f"score_{w['name']}"] for w in rewards) + 0.5 * r["score_rm"]

@@ -22,7 +22,7 @@ PAD = 0
 
 # -- collate: targets, masks and behaviour log-probs line up ----------------------------------
 def test_collate_aligns_targets_mask_and_behaviour_logprobs():
-    short = {"ids": [5, 6, 7, 8, 9], "start": 3, "old": [-0.8, -0.9], "adv": 1.5, "train": True}
+    short = {"ids": [5, 6, 7, 8, 9], "start": 3, "old": [-0.8, -0.9], "adv": 1.5, "train": True, "stale": 1}
     long = {"ids": [5, 6, 10, 11, 12, 13, 14], "start": 2, "old": [-0.1, -0.2, -0.3, -0.4, -0.5], "adv": -1.0,
             "train": True}
     b = collate([short, long], PAD)
@@ -35,6 +35,7 @@ def test_collate_aligns_targets_mask_and_behaviour_logprobs():
     picked = b["targets"][b["mask"] > 0].tolist()
     assert picked == [8, 9, 10, 11, 12, 13, 14]  # exactly the completions, in order
     assert b["adv"].tolist() == [1.5, -1.0]
+    assert b["fresh"].tolist() == [0.0, 1.0]  # short is one version old; a row without "stale" is current
     assert loss_tokens([short, long]) == int(b["mask"].sum()) == 7
 
 

@@ -29,6 +29,17 @@ def _metrics(w: torch.Tensor, mask: torch.Tensor, hit: torch.Tensor) -> dict[str
             "is_capped_frac": float((hit * mask).sum() / n)}
 
 
+@torch.no_grad()
+def current_version_ratio(logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor,
+                          fresh: torch.Tensor) -> tuple[float, float]:
+    """(sum of pi_learner / pi_behav, count) over the completion tokens of the samples that the
+    learner's current weight version generated (``fresh`` [B]: 1 for those). Their mean is 1 when
+    the replicas serve exactly the weights the learner pushed: the push's check in async runs,
+    where most samples are older."""
+    keep = mask * fresh[:, None]
+    return float((torch.exp(logp - behav_logp) * keep).sum()), float(keep.sum())
+
+
 @OFF_POLICY.register("none")
 def no_correction(logp, prox_logp, behav_logp, mask, cap: float):
     """Plain PPO on the behaviour policy: r = pi_theta / pi_behav, clipped. With stale samples

@@ -198,11 +198,18 @@ class ResourcesConfig(StrictModel):
     _ray_resources = field_validator("ray_resources")(check_ray_resources)
 
 
+URI_SCHEMES = {"s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss", "file"}  # pyarrow's FileSystem.from_uri
+
+
 class RunConfig(StrictModel):
     """Where the run lives and how it reports."""
 
     name: str = Field("raypost-run", min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="Run name (folder and resume key).")
-    storage_path: str = Field("runs", min_length=1, description="Root folder of runs; the same name+storage resumes.")
+    storage_path: str = Field("runs", min_length=1, description=(
+        "Root of runs: a folder, or a URI of a pyarrow filesystem (s3://bucket/runs, gs://..., "
+        "hdfs://...; query options such as ?endpoint_override=host:port&scheme=http for S3-compatible "
+        "stores). A URI run works in a local copy and mirrors it there (raypost.utils.storage). "
+        "The same name + storage resumes."))
     seed: int = Field(0, ge=0, description="Global seed (data order, sampling, init of new heads).")
     log_every: int = Field(10, ge=1, le=100_000, description="Steps between progress lines.")
     checkpoint_every: int = Field(50, ge=1, le=1_000_000, description="Steps between checkpoints.")
@@ -210,6 +217,15 @@ class RunConfig(StrictModel):
     max_failures: int = Field(0, ge=-1, le=1000, description="Worker-group restarts allowed (-1: unlimited).")
     wandb_mode: Literal["offline", "online", "disabled"] = Field("offline", description="wandb mode; offline by default.")
     ray_address: str | None = Field(None, description="Ray address; None joins the job's cluster or starts a local one.")
+
+    @field_validator("storage_path")
+    @classmethod
+    def _known_scheme(cls, v: str) -> str:
+        scheme = v.split("://", 1)[0] if "://" in v else None
+        if scheme is not None and scheme not in URI_SCHEMES:
+            raise ValueError(f"run.storage_path {v!r}: unknown scheme {scheme!r}; use a folder or one of "
+                             f"{', '.join(sorted(URI_SCHEMES))}://")
+        return v
 
 
 class EvalConfig(StrictModel):

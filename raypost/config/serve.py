@@ -111,7 +111,9 @@ class RolloutConfig(StrictModel):
                            "mounts); object_store = Ray's object store, to replicas on any node; collective = a "
                            "process group (gloo; nccl on GPU) from learner rank 0 to each replica's engine workers, "
                            "in buckets, to any node, with no file.")
-    weight_bucket_mb: int = Field(64, ge=1, le=65536, description="collective: bytes per broadcast bucket, in MiB.")
+    weight_bucket_mb: int = Field(64, ge=1, le=65536, description=(
+        "MiB per bucket of a push: the learner gathers (ZeRO-3) and passes on this much at a time, and "
+        "the collective transport broadcasts this much at a time."))
     weights_dir: str = Field("/dev/shm/raypost", min_length=1, description="shm: where pushed weights are written "
                              "(node-local shared memory by default); object_store: where each replica stages them "
                              "on its own node.")

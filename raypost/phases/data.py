@@ -34,6 +34,7 @@ def start_run(cfg: Any) -> Path:
     validated config written into it. ``cfg`` has a ``run`` section."""
     from raypost.config import dump_yaml
     from raypost.train.trainer import run_dir as make_run_dir
+    from raypost.utils import storage
     from raypost.utils.cluster import init_ray
     from raypost.utils.logs import setup_logging
 
@@ -41,6 +42,9 @@ def start_run(cfg: Any) -> Path:
     init_ray(cfg.run.ray_address)
     run_dir = make_run_dir(cfg.run)
     run_dir.mkdir(parents=True, exist_ok=True)
+    fetched = storage.pull(run_dir)  # a run stored at a URI resumes from what it holds, on any machine
+    if fetched:
+        log.info("fetched %d files of %s from %s into %s", fetched, cfg.run.name, cfg.run.storage_path, run_dir)
     dump_yaml(cfg, run_dir / "config.yaml")
     return run_dir
 

@@ -76,7 +76,8 @@ class RolloutProducer:
     def stop(self) -> None:
         self.stopping = True
         self._notify()
-        self._thread.join(timeout=60)
+        if self._thread.ident is not None:  # started (a run may fail before it starts the producer)
+            self._thread.join(timeout=60)
 
     def _notify(self) -> None:
         if self._loop is not None and self._wake is not None:

@@ -29,7 +29,8 @@ def loss_tokens(rows: Sequence[dict[str, Any]]) -> int:
 
 
 def collate(rows: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
-    """input_ids/attention_mask [N, T]; targets/mask/old_logp [N, T-1]; adv [N]."""
+    """input_ids/attention_mask [N, T]; targets/mask/old_logp [N, T-1]; adv [N]; fresh [N]: 1 for a
+    sample of the learner's current weight version (``stale`` 0 or absent), else 0."""
     t = max(len(r["ids"]) for r in rows)
     n = len(rows)
     ids = torch.full((n, t), pad_id, dtype=torch.long)
@@ -46,7 +47,8 @@ def collate(rows: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tens
         behaviour = r["old"][:c]  # one log-prob per completion token
         old[i, s - 1:s - 1 + len(behaviour)] = torch.tensor(behaviour, dtype=torch.float32)
     return {"input_ids": ids, "attention_mask": attn, "targets": ids[:, 1:], "mask": mask, "old_logp": old,
-            "adv": torch.tensor([r["adv"] for r in rows], dtype=torch.float32)}
+            "adv": torch.tensor([r["adv"] for r in rows], dtype=torch.float32),
+            "fresh": torch.tensor([float(r.get("stale", 0) == 0) for r in rows])}
 
 
 def trim_to_completions(batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:

@@ -1,22 +1,25 @@
 """The weight channel: how the learner's rank 0 hands a new weight version to the rollout replicas.
 
-One interface, chosen by ``rollout.weight_transport``; the learner calls ``publish`` and each
-replica calls ``fetch`` before serving a request (it reloads when the version is newer):
+One interface, chosen by ``rollout.weight_transport``; the learner calls ``publish_stream`` (or
+``publish``, for a dict) and each replica calls ``fetch`` before serving a request (it reloads
+when the version is newer).
 
-Either way the version record lives in Ray: a small named actor (the board) holds the newest
-version and where it is. The board is detached (a replica that dies does not take the record
-with it) and is removed by ``close`` when the run ends. A replica that starts or restarts late
-asks the board before its first request, so it serves the latest version.
+Whatever the transport, the version record lives in Ray: a small named actor (the board) holds
+the newest version and where it is. The board is detached (a replica that dies does not take
+the record with it) and is removed by ``close`` when the run ends. A replica that starts or
+restarts late asks the board before its first request, so it serves the latest version.
 
 * ``shm``: rank 0 writes ``v<k>.safetensors`` into ``weights_dir``, node-local shared memory by
   default (``raypost.serve.weights``), and files the file's path with the board. The fastest on
   one node; a replica on another node needs a ``weights_dir`` that every node mounts.
-* ``object_store``: rank 0 puts the weights into Ray's object store and files the reference with
-  the board. A replica on any node pulls the newest version through Ray's object transfer and
-  stages it in its own node's ``weights_dir`` for its engine's workers.
-* ``collective``: rank 0 keeps the newest version in memory and files its server's address with
-  the board; a replica's engine workers receive it over a process group, bucket by bucket, and
-  load it as it arrives (``raypost.serve.collective``). Any node, no file.
+* ``object_store``: rank 0 puts the weights into Ray's object store, one object per bucket, and
+  files the references with the board. A replica on any node pulls the newest version through
+  Ray's object transfer and hands it to its engine's workers over a gloo group on its own node
+  (as ``collective`` does). No file.
+* ``collective``: rank 0 keeps the newest version in (CPU) memory, the one copy it holds, and
+  files its server's address with the board; a replica's engine workers receive it over a
+  process group, bucket by bucket, and load it as it arrives (``raypost.serve.collective``). Any
+  node, no file.
 
 A replica turns what ``fetch`` returns (a ``source``: ``{"file": path}`` or ``{"collective": ...}``)
 into weights in its engine's workers (``raypost.serve.vllm_ext``).
@@ -26,10 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import uuid
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
@@ -46,9 +48,16 @@ class WeightChannel(ABC):
     def __init__(self, weights_dir: str) -> None:
         self.weights_dir = weights_dir
 
-    @abstractmethod
     def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
         """Learner rank 0: make ``state`` the newest version."""
+        self.publish_stream(version, weights.specs_of(state), [state])
+
+    @abstractmethod
+    def publish_stream(self, version: int, specs: Sequence[weights.Spec],
+                       buckets: Iterable[Mapping[str, torch.Tensor]]) -> None:
+        """Learner rank 0: make the tensors of ``specs`` the newest version. They arrive in
+        ``buckets`` (dicts, in ``specs``' order), each passed on as it comes, so a learner that
+        gathers its weights bucket by bucket (ZeRO-3) never holds the whole model."""
 
     @abstractmethod
     async def fetch(self, have: int) -> tuple[int, dict[str, Any] | None]:
@@ -69,7 +78,7 @@ class WeightChannel(ABC):
         shutil.rmtree(self.weights_dir, ignore_errors=True)
 
     def release(self) -> None:
-        """A replica stops: remove what it staged on its node (nothing, unless it staged)."""
+        """A replica stops: release what it holds for its engine's workers (object_store: its server)."""
 
 
 def pack(state: Mapping[str, torch.Tensor]) -> tuple[list[tuple[str, str, list[int], int, int]], Any]:
@@ -161,10 +170,11 @@ class BoardChannel(WeightChannel):
 class ShmChannel(BoardChannel):
     transport = "shm"
 
-    def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
+    def publish_stream(self, version: int, specs: Sequence[weights.Spec],
+                       buckets: Iterable[Mapping[str, torch.Tensor]]) -> None:
         import ray
 
-        path = weights.publish(self.weights_dir, version, state)
+        path = weights.write_stream(self.weights_dir, version, specs, buckets)
         ray.get(self._created_board().put.remote(version, [str(path)]))
 
     async def fetch(self, have: int) -> tuple[int, dict[str, Any] | None]:
@@ -181,34 +191,50 @@ class ShmChannel(BoardChannel):
 class ObjectStoreChannel(BoardChannel):
     transport = "object_store"
 
-    def __init__(self, weights_dir: str) -> None:
+    def __init__(self, weights_dir: str, workers: int = 1, bucket_mb: int = 64) -> None:
         super().__init__(weights_dir)
-        self.stage = Path(weights_dir) / f"stage-{uuid.uuid4().hex[:8]}"  # this replica's, on its node
+        self.workers, self.bucket_bytes = workers, bucket_mb << 20  # engine workers per replica
         self._staging = asyncio.Lock()
-        self._staged: tuple[int, str | None] = (-1, None)
+        self._server: Any = None  # a replica's: hands the version it pulled to its engine workers
+        self._staged = -1
 
-    def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
+    def publish_stream(self, version: int, specs: Sequence[weights.Spec],
+                       buckets: Iterable[Mapping[str, torch.Tensor]]) -> None:
         import ray
 
         board = self._created_board()
-        # Owned by this process (the learner's rank 0, alive for the whole run; a restarted learner
-        # republishes its restored version before any request). Ray 2.56 removed ray.put(_owner=).
-        ray.get(board.put.remote(version, [ray.put(pack(state))]))
+        # One object per bucket, put as it arrives. Owned by this process (the learner's rank 0,
+        # alive for the whole run; a restarted learner republishes its restored version before any
+        # request). Ray 2.56 removed ray.put(_owner=). The board gets [specs, ref, ref, ...].
+        refs = [ray.put(pack(bucket)) for bucket in buckets]
+        ray.get(board.put.remote(version, [[list(x) for x in specs], *refs]))
 
     async def fetch(self, have: int) -> tuple[int, dict[str, Any] | None]:
+        """Pull the newest version's buckets through Ray's object store to this node, then hand
+        them to the engine's workers (other processes, outside Ray) over a gloo group on this
+        node, as the collective transport does: no file."""
+        import ray
+
+        from raypost.serve.collective import WeightServer, request
+
         version, boxed = await self._latest()
         if version == have or boxed is None:
             return have, None
-        async with self._staging:  # concurrent requests stage each version once
-            if self._staged[0] != version:
-                state = unpack(*await boxed[0])
-                # Staged on this node: the engine's worker processes reload from a file.
-                path = await asyncio.to_thread(weights.publish, self.stage, version, state)
-                self._staged = (version, str(path))
-        return self._staged[0], {"file": self._staged[1]}
+        async with self._staging:  # concurrent requests pull each version once
+            if self._staged != version:
+                specs, refs = boxed[0], boxed[1:]
+                buckets = [unpack(*await ref) for ref in refs]  # views into this node's object store
+                if self._server is None:
+                    self._server = WeightServer(ray.util.get_node_ip_address(), "gloo", self.bucket_bytes)
+                await asyncio.to_thread(self._server.offer, version, specs, buckets)
+                self._staged = version
+            source = await asyncio.to_thread(request, self._server.address, self.workers)
+        return source["version"], {"collective": source}
 
     def release(self) -> None:
-        shutil.rmtree(self.stage, ignore_errors=True)
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
 
 
 class CollectiveChannel(BoardChannel):
@@ -219,15 +245,16 @@ class CollectiveChannel(BoardChannel):
         self.workers, self.bucket_bytes = workers, bucket_mb << 20  # engine workers per replica
         self._server: Any = None
 
-    def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
+    def publish_stream(self, version: int, specs: Sequence[weights.Spec],
+                       buckets: Iterable[Mapping[str, torch.Tensor]]) -> None:
         import ray
 
         from raypost.serve.collective import WeightServer
 
-        if self._server is None:
-            backend = "nccl" if any(v.is_cuda for v in state.values()) else "gloo"
+        if self._server is None:  # NCCL when this learner has a GPU: the replicas' workers then receive on theirs
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
             self._server = WeightServer(ray.util.get_node_ip_address(), backend, self.bucket_bytes)
-        self._server.offer(version, state)  # before the board names it: a replica never gets an older one
+        self._server.offer(version, specs, buckets)  # before the board names it: a replica never gets an older one
         ray.get(self._created_board().put.remote(version, [self._server.address]))
 
     async def fetch(self, have: int) -> tuple[int, dict[str, Any] | None]:
@@ -270,10 +297,10 @@ def rollout_channel(rollout: Any, weights_dir: str | Path | None = None) -> Weig
     """The channel that ``rollout`` (a RolloutConfig) names, for the run's ``weights_dir``."""
     return channel(rollout.weight_transport, weights_dir or rollout.weights_dir,
                    **({"workers": rollout.tensor_parallel_size, "bucket_mb": rollout.weight_bucket_mb}
-                      if rollout.weight_transport == "collective" else {}))
+                      if rollout.weight_transport != "shm" else {}))
 
 
 def channel(transport: str, weights_dir: str | Path, **options: Any) -> WeightChannel:
     """The ``transport`` channel of the run whose pushed weights live under ``weights_dir``
-    (``options``: collective's ``workers`` per replica and ``bucket_mb``)."""
+    (``options``, object_store and collective: ``workers`` per replica and ``bucket_mb``)."""
     return CHANNELS[transport](str(weights_dir), **options)

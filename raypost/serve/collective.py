@@ -1,7 +1,8 @@
 """The collective weight transport: learner rank 0 serves each version over a torch process group.
 
-Rank 0 keeps the newest version as one flat buffer (``channel.pack``) and runs a small server
-thread around a ``TCPStore`` on its node. A replica that finds a newer version on the board asks
+Rank 0 keeps the newest version as one flat CPU buffer, filled bucket by bucket as the learner
+gathers it (``WeightServer.offer``), and runs a small server thread around a ``TCPStore`` on its
+node. A replica that finds a newer version on the board asks
 that server for it (``request``): it takes a ticket (a counter in the store) and says how many
 engine workers it has. The server answers tickets in order: it files the version and the tensor
 layout under the ticket, forms a process group of itself (rank 0) and the replica's workers
@@ -12,7 +13,8 @@ A group lives for one transfer, so a replica that starts late, restarts or dies 
 others: a receiver that dies fails its own transfer (the server logs it and serves the next
 ticket), and its replacement asks again for the newest version. The price is one group set-up
 per transfer: about a millisecond with gloo. gloo carries CPU buffers; with ``backend="nccl"``
-the buffer and the receivers' buckets live on the GPUs and NCCL carries them (not yet run on a GPU).
+each bucket is copied to the learner's GPU as it is sent, the receivers' buckets live on their GPUs,
+and NCCL carries them (not yet run on a GPU).
 
 Only JSON and raw tensor bytes cross the wire: nothing is unpickled.
 """
@@ -24,10 +26,12 @@ import logging
 import threading
 import time
 from datetime import timedelta
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
+
+from raypost.serve.weights import Spec, nbytes
 
 log = logging.getLogger("raypost")
 
@@ -69,6 +73,7 @@ class WeightServer:
     def __init__(self, host: str, backend: str = "gloo", bucket_bytes: int = 64 << 20, timeout_s: float = 60.0,
                  ticket_wait_s: float = 30.0) -> None:
         self.backend, self.bucket_bytes, self.timeout_s = backend, bucket_bytes, timeout_s
+        self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         self.ticket_wait_s = ticket_wait_s  # a ticket taken but never filed (its replica died) is skipped
         self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(days=30))
         self.address = {"host": host, "port": self.store.port, "backend": backend}
@@ -78,14 +83,24 @@ class WeightServer:
         self._thread = threading.Thread(target=self._serve, name="raypost-weight-server", daemon=True)
         self._thread.start()
 
-    def offer(self, version: int, state: Mapping[str, torch.Tensor]) -> None:
-        """Make ``state`` the version that the next transfers send."""
-        from raypost.serve.channel import pack
-
-        meta, flat = pack(state)
-        buf = torch.from_numpy(flat)
-        if self.backend == "nccl":
-            buf = buf.cuda()
+    def offer(self, version: int, specs: Sequence[Spec], buckets: Iterable[Mapping[str, torch.Tensor]]) -> None:
+        """Make the tensors of ``specs`` the version that the next transfers send. They arrive in
+        ``buckets`` (``specs``' order) and are copied into one flat CPU buffer as they come; the
+        buffer replaces the last version's once complete (a transfer in flight keeps its own)."""
+        meta, offset = [], 0
+        for spec in specs:
+            meta.append((*spec, offset, nbytes(spec)))
+            offset += nbytes(spec)
+        buf = torch.empty(offset, dtype=torch.uint8)
+        todo = iter(meta)
+        for bucket in buckets:
+            for name, tensor in bucket.items():
+                want = next(todo, None)
+                if want is None or want[0] != name or want[4] != tensor.numel() * tensor.element_size():
+                    raise ValueError(f"weight stream out of order: got {name}, expected {want and want[0]}")
+                buf[want[3]:want[3] + want[4]] = tensor.detach().contiguous().reshape(-1).view(torch.uint8).cpu()
+        if next(todo, None) is not None:
+            raise ValueError(f"weight stream for version {version} ended before its last tensor")
         with self._lock:
             self._offer = {"version": version, "meta": meta, "buckets": buckets_of(meta, self.bucket_bytes), "buf": buf}
 
@@ -130,10 +145,10 @@ class WeightServer:
             self.store.set(f"g{ticket}/offer", json.dumps(header))
             announced = True
             if self.backend == "nccl":
-                torch.cuda.set_device(offer["buf"].device)  # this thread's NCCL device: the learner's
+                torch.cuda.set_device(self.device)  # this thread's NCCL device: the learner's
             group = _group(self.store, ticket, 0, 1 + workers, self.backend, self.timeout_s)
-            for lo, hi in offer["buckets"]:
-                _broadcast(group, offer["buf"][lo:hi])
+            for lo, hi in offer["buckets"]:  # with NCCL, one bucket at a time on the GPU
+                _broadcast(group, offer["buf"][lo:hi].to(self.device))
         except Exception as e:  # noqa: BLE001 - a receiver that died fails its own transfer only
             record["error"] = f"{type(e).__name__}: {e}"
             log.warning("weight server: transfer %d (version %s) failed: %s", ticket, record["version"], e)

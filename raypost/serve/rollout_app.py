@@ -235,7 +235,7 @@ class RolloutServer:
             engine.shutdown()  # frees vLLM's /dev/shm segments
         chan = getattr(self, "channel", None)
         if chan is not None:
-            chan.release()  # weights it staged on its node
+            chan.release()  # what it holds for its engine's workers
 
 
 def build_app(model_path: str, cfg: RolloutConfig) -> serve.Application:

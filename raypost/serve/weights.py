@@ -8,9 +8,12 @@ version, and a push reaches every replica without enumerating them. Old versions
 
 from __future__ import annotations
 
+import json
+import math
 import os
+import struct
 from pathlib import Path
-from typing import Mapping
+from typing import Iterable, Mapping, Sequence
 
 import torch
 
@@ -34,16 +37,50 @@ def check_served(served: int, pushed: int, weights_dir: str | Path) -> None:
             "learner rank 0, or make rollout.weights_dir a directory that every node mounts")
 
 
-def publish(weights_dir: str | Path, version: int, state: Mapping[str, torch.Tensor], keep: int = 2) -> Path:
-    """Write ``state`` as ``v<version>.safetensors`` (atomically: a reader never sees half a file)
-    and prune versions older than the last ``keep``; the caller records the version (the board)."""
-    from safetensors.torch import save_file
+Spec = tuple[str, str, list[int]]  # a tensor's name, torch dtype name ("float32", "bfloat16", ...) and shape
 
+SAFETENSORS_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
+                      "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
+
+
+def specs_of(state: Mapping[str, torch.Tensor]) -> list[Spec]:
+    """(name, dtype, shape) of each tensor of ``state``, in its order."""
+    return [(k, str(v.dtype).removeprefix("torch."), list(v.shape)) for k, v in state.items()]
+
+
+def nbytes(spec: Spec) -> int:
+    _, dtype, shape = spec
+    return math.prod(shape) * getattr(torch, dtype).itemsize
+
+
+def safetensors_header(specs: Sequence[Spec]) -> bytes:
+    """The safetensors header of a file holding ``specs``' tensors back to back, in order: its
+    8-byte little-endian length, then the JSON (padded with spaces to 8 bytes, as safetensors pads)."""
+    entries, offset = {}, 0
+    for spec in specs:
+        name, dtype, shape = spec
+        entries[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": shape, "data_offsets": [offset, offset + nbytes(spec)]}
+        offset += nbytes(spec)
+    text = json.dumps(entries, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text
+
+
+def write_stream(weights_dir: str | Path, version: int, specs: Sequence[Spec],
+                 buckets: Iterable[Mapping[str, torch.Tensor]], keep: int = 2) -> Path:
+    """Write ``v<version>.safetensors`` from ``buckets`` (dicts of tensors that arrive in ``specs``'
+    order), each written as it arrives: the writer never holds more than one bucket. Atomic (a
+    reader never sees half a file); prunes versions older than the last ``keep``. The caller records
+    the version (the board)."""
     d = Path(weights_dir)
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"v{version}.safetensors"
     tmp = path.with_suffix(".tmp")
-    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(tmp))
+    try:
+        _write(tmp, specs, buckets)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
     for old in d.glob("v*.safetensors"):
         try:
@@ -52,3 +89,23 @@ def publish(weights_dir: str | Path, version: int, state: Mapping[str, torch.Ten
         except ValueError:
             continue
     return path
+
+
+def _write(path: Path, specs: Sequence[Spec], buckets: Iterable[Mapping[str, torch.Tensor]]) -> None:
+    todo = iter(specs)
+    with path.open("wb") as f:
+        f.write(safetensors_header(specs))
+        for bucket in buckets:
+            for name, tensor in bucket.items():
+                want = next(todo, None)
+                got = (name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape))
+                if want is None or (want[0], want[1], list(want[2])) != got:
+                    raise ValueError(f"weight stream out of order: got {got}, expected {want}")
+                f.write(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
+    if next(todo, None) is not None:
+        raise ValueError(f"weight stream to {path.name} ended before its last tensor")
+
+
+def publish(weights_dir: str | Path, version: int, state: Mapping[str, torch.Tensor], keep: int = 2) -> Path:
+    """``write_stream`` of one dict."""
+    return write_stream(weights_dir, version, specs_of(state), [state], keep)

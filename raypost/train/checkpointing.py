@@ -15,6 +15,8 @@ from typing import Any
 
 import ray.train
 
+from raypost.utils import storage
+
 log = logging.getLogger("raypost")
 
 DS_TAG = "ds"
@@ -42,9 +44,10 @@ class ControllerState:
 
 
 def save_and_report(engine: Any, state: ControllerState, metrics: dict[str, Any], rank: int,
-                    hf_export: Any = None) -> None:
+                    hf_export: Any = None, run_dir: str | Path | None = None) -> None:
     """Every rank saves its DeepSpeed shard; rank 0 adds the controller state (and an HF
-    export when ``hf_export`` is a callable taking a folder). Ray merges the folders."""
+    export when ``hf_export`` is a callable taking a folder). Ray merges the folders. For a run
+    stored at a URI, rank 0 then mirrors ``run_dir`` (its metrics and records) there."""
     with tempfile.TemporaryDirectory(prefix="raypost-ckpt-") as tmp:
         engine.save_checkpoint(tmp, tag=DS_TAG, client_state={"controller": state.to_dict()})
         if hf_export is not None:
@@ -53,6 +56,8 @@ def save_and_report(engine: Any, state: ControllerState, metrics: dict[str, Any]
             (Path(tmp) / STATE_FILE).write_text(json.dumps(state.to_dict()))
             (Path(tmp) / METRICS_FILE).write_text(json.dumps(metrics, default=str))
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+    if rank == 0 and run_dir is not None:
+        storage.push(run_dir)
 
 
 def restore(engine: Any, start_from: str | None = None) -> ControllerState:

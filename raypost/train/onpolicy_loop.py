@@ -14,7 +14,6 @@ Losses (``distill.on_policy_loss``):
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any, Iterator
 
@@ -25,15 +24,11 @@ from raypost.algos.distill import KDParams, kd_loss, on_policy_reverse_kl
 from raypost.config.distill import DistillConfig
 from raypost.rewards.verifiers import answers_match
 from raypost.rl.tensors import collate, loss_tokens, token_logprobs, trim_to_completions
-from raypost.serve.channel import rollout_channel
 from raypost.serve.weights import check_served
 from raypost.train import checkpointing
 from raypost.train.batches import micro_batches, to_device
 from raypost.train.engine import all_sum, backward_share, setup_learner
-from raypost.train.sync import broadcast_from_rank0, push_weights
-from raypost.utils.metrics import MetricsLogger, Progress
-
-log = logging.getLogger("raypost.distill")
+from raypost.train.sampled import Sampler, run_steps
 
 
 def collect(ctx: dict[str, Any], cfg: DistillConfig, pushed: int) -> tuple[list[dict], dict[str, float]]:
@@ -138,35 +133,15 @@ def onpolicy_loop(config: dict[str, Any]) -> None:
     optim = d.on_policy_optim.model_copy(update={"grad_accum": config["grad_accum"]})
     rank, world, tok, engine = setup_learner(cfg, config["model_path"], optim, d.on_policy_steps)
     state = checkpointing.restore(engine)
-    if rank == 0:
-        checkpointing.rewind_on_start(config["run_dir"], state, "on_policy")
     ctx = _controller(cfg, state, config) if rank == 0 else None
-    zero, chan = cfg.deepspeed.zero_stage, rollout_channel(cfg.rollout, config["weights_dir"])
-    push_weights(engine, zero, state.weight_version, chan, rank)
-    logger = MetricsLogger(config["run_dir"], rank == 0, cfg.run.wandb_mode, run_name=cfg.run.name,
-                           config=config["cfg"])
-    progress = Progress(d.on_policy_steps, state.step, "on-policy distill")
-    while state.step < d.on_policy_steps:
-        t0 = time.perf_counter()
-        seqs, metrics = collect(ctx, cfg, state.weight_version) if rank == 0 else (None, None)
-        seqs, metrics = broadcast_from_rank0((seqs, metrics), rank)
-        t1 = time.perf_counter()
-        metrics.update(learn(engine, seqs[rank::world], cfg, tok.pad_token_id))
-        state.step, state.weight_version = state.step + 1, state.weight_version + 1
-        state.cursor += d.prompts_per_step
-        metrics.update(train_s=time.perf_counter() - t1, phase="on_policy", weight_version=state.weight_version,
-                       push_s=push_weights(engine, zero, state.weight_version, chan, rank),
-                       staleness_max=max(state.weight_version - 1 - s["version"] for s in seqs))
-        metrics["step_s"] = time.perf_counter() - t0
-        if rank == 0:
-            logger.log(metrics, state.step)
-            checkpointing.log_trained(config["run_dir"], state.step, [s["sample_id"] for s in seqs])
-            if state.step % cfg.run.log_every == 0 or state.step == d.on_policy_steps:
-                shown = ("loss", "reverse_kl", "kd", "sample_accuracy", "gen_tokens_per_s", "step_s")
-                log.info(progress.line(state.step, {k: metrics[k] for k in shown if k in metrics}))
-        last = state.step == d.on_policy_steps
-        if last or state.step % cfg.run.checkpoint_every == 0:
-            exporter = checkpointing.hf_exporter(engine, zero, tok, rank) if last else None
-            checkpointing.save_and_report(engine, state, {"step": state.step, **metrics}, rank, exporter)
-    chan.stop_serving()
-    logger.finish()
+
+    def take(st: checkpointing.ControllerState) -> tuple[list[dict], dict[str, float]]:
+        st.cursor += d.prompts_per_step
+        return collect(ctx, cfg, st.weight_version)
+
+    sampler = Sampler(
+        phase="on_policy", label="on-policy distill", steps=d.on_policy_steps,
+        shown=("loss", "reverse_kl", "kd", "sample_accuracy", "gen_tokens_per_s", "step_s"), take=take,
+        learn=lambda rows: learn(engine, rows, cfg, tok.pad_token_id),
+        extra=lambda seqs, m, step_s: {"staleness_max": max(state.weight_version - 1 - s["version"] for s in seqs)})
+    run_steps(cfg, config, rank, world, engine, tok, state, sampler)

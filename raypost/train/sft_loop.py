@@ -126,7 +126,8 @@ def sft_loop(config: dict[str, Any]) -> None:
                 log.info(progress.line(state.step, {k: v for k, v in metrics.items() if k != "phase"}))
         if last or state.step == stop_at or state.step % cfg.run.checkpoint_every == 0:
             exporter = checkpointing.hf_exporter(engine, cfg.deepspeed.zero_stage, tokenizer, rank) if last else None
-            checkpointing.save_and_report(engine, state, {"step": state.step, **metrics}, rank, exporter)
+            checkpointing.save_and_report(engine, state, {"step": state.step, **metrics}, rank, exporter,
+                                          config["run_dir"])
         if last or state.step >= stop_at:
             break
     logger.finish()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Callable
 
@@ -10,12 +11,14 @@ import ray.train
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from raypost.config import ResourcesConfig, RunConfig
+from raypost.utils import storage
 from raypost.utils.alloc import jemalloc_env
 
 
 def run_dir(run: RunConfig) -> Path:
-    """The run's folder: Ray Train's checkpoints, metrics.jsonl, rejects, report."""
-    return Path(run.storage_path).expanduser().resolve() / run.name
+    """The run's folder: Ray Train's checkpoints, metrics.jsonl, rejects, report (for a run stored
+    at a URI, its local working copy: ``raypost.utils.storage``)."""
+    return storage.working_copy(run.storage_path) / run.name
 
 
 def worker_resources(res: ResourcesConfig) -> dict[str, float]:
@@ -47,6 +50,7 @@ def fit(loop: Callable[[dict[str, Any]], None], loop_config: dict[str, Any], res
         from ray.tune.integration.ray_train import TuneReportCallback
 
         callbacks.append(TuneReportCallback())
+    root = storage.working_copy(run.storage_path)
     opts = ray.train.DataConfig.default_ingest_options()
     opts.preserve_order = True
     trainer = TorchTrainer(
@@ -55,7 +59,7 @@ def fit(loop: Callable[[dict[str, Any]], None], loop_config: dict[str, Any], res
         scaling_config=ray.train.ScalingConfig(num_workers=res.num_workers, use_gpu=res.gpus_per_worker > 0,
                                                resources_per_worker=worker_resources(res)),
         run_config=ray.train.RunConfig(
-            name=name or run.name, storage_path=str(Path(run.storage_path).expanduser().resolve()),
+            name=name or run.name, **storage.ray_storage(root),
             failure_config=ray.train.FailureConfig(max_failures=run.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=run.keep_checkpoints),
             callbacks=callbacks, worker_runtime_env=jemalloc_env(res.jemalloc)),
@@ -63,4 +67,6 @@ def fit(loop: Callable[[dict[str, Any]], None], loop_config: dict[str, Any], res
         dataset_config=ray.train.DataConfig(datasets_to_split=[], execution_options=opts),
         torch_config=TorchConfig(backend="nccl" if res.gpus_per_worker > 0 else "gloo"),
     )
-    return trainer.fit()
+    result = trainer.fit()
+    # At a URI, the checkpoint the run ended with comes into the working copy: the next phase reads it.
+    return dataclasses.replace(result, checkpoint=storage.local_checkpoint(result.checkpoint, root / (name or run.name)))

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from raypost.utils import storage
 from raypost.utils.metrics import read_metrics
 
 
@@ -37,4 +38,16 @@ def plot_curves(metrics_path: str | Path, keys: Sequence[str], out_png: str | Pa
 def write_report(run_dir: str | Path, report: dict[str, Any]) -> Path:
     path = Path(run_dir) / "report.json"
     path.write_text(json.dumps(report, indent=2, default=str))
+    return path
+
+
+def finish_run(run_dir: Path, report: dict[str, Any], metrics: str, keys: Sequence[str], png: str,
+               title: str) -> Path:
+    """A pipeline's last step: the curves of ``run_dir/metrics`` into ``run_dir/png``, then
+    ``report.json``. For a run stored at a URI, what the learners mirrored there is fetched first
+    (rank 0 may run on another node) and the whole run folder is mirrored after."""
+    storage.pull(run_dir, exports=False)
+    plot_curves(run_dir / metrics, keys, run_dir / png, title)
+    path = write_report(run_dir, report)
+    storage.push(run_dir)
     return path
