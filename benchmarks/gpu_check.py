@@ -157,15 +157,19 @@ def check_replica_push(ctx: dict[str, Any]) -> dict[str, Any]:
         for p in model.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=g))
     state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
-    ray.init(num_cpus=2, num_gpus=1 if cuda else 0, include_dashboard=False,
-             _temp_dir=tempfile.mkdtemp(prefix="rgc", dir="/tmp"))
+    if ctx["ray_address"]:  # a running cluster (the test suite's)
+        ray.init(address=ctx["ray_address"], log_to_driver=False)
+    else:
+        ray.init(num_cpus=2, num_gpus=1 if cuda else 0, include_dashboard=False,
+                 _temp_dir=tempfile.mkdtemp(prefix="rgc", dir="/tmp"))
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
-        serve.run(build_app(str(ctx["model"]), cfg), name="rollout", route_prefix=None)
-        client = RolloutClient("rollout", wdir, transport=cfg.weight_transport)
+        serve.run(build_app(str(ctx["model"]), cfg), name=APP, route_prefix=None)
+        client = RolloutClient(APP, wdir, transport=cfg.weight_transport)
         push_s = client.update_weights(1, state)
         got = client.generate(prompts, 1, {"temperature": 0.0, "max_tokens": 12})
     finally:
+        serve.delete(APP)
         channel(cfg.weight_transport, wdir).close()
         ray.shutdown()
     model = model.to(ctx["device"]).eval()
@@ -208,6 +212,9 @@ def check_collective_nccl(ctx: dict[str, Any]) -> dict[str, Any]:
     return {"ok": ok, "sums": sums, "stderr": out.stderr[-2000:] if out.returncode else ""}
 
 
+APP = "gpu-check-rollout"
+
+
 def free_port() -> int:
     import socket
 
@@ -228,13 +235,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when there is one")
     ap.add_argument("--checks", nargs="+", choices=list(CHECKS), default=list(CHECKS))
+    ap.add_argument("--ray-address", default=None, help="join this Ray cluster for replica_push (default: start one)")
     ap.add_argument("--out", default=str(Path(os.environ.get("OUT", "benchmarks/out")) / "gpu_check.json"))
     args = ap.parse_args()
     import torch
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     gpus = torch.cuda.device_count() if device == "cuda" else 0
-    ctx: dict[str, Any] = {"device": device, "gpus": gpus, "precision": "bf16" if device == "cuda" else "fp32"}
+    ctx: dict[str, Any] = {"device": device, "gpus": gpus, "precision": "bf16" if device == "cuda" else "fp32",
+                           "ray_address": args.ray_address}
     results: dict[str, Any] = {"device": device, "gpu": torch.cuda.get_device_name(0) if gpus else None,
                                "torch": torch.__version__, "checks": {}}
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as work:

@@ -25,6 +25,12 @@ sys.path.insert(0, str(ROOT))
 # learners' steps 1.8x slower and the suite took 76 minutes with it; only vLLM replicas set it,
 # benchmarks/omp_wait_policy.py.)
 os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+# Credentials for the S3 endpoint that tests/test_storage.py starts on 127.0.0.1 (moto accepts any):
+# set before the session's Ray cluster starts, so its learner workers, which write checkpoints
+# there, have them, as a real cluster's nodes have theirs.
+for _key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+    os.environ.setdefault(_key, "testing")
+os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
 # Small shapes so learner tests take seconds per step on 2 cores.
 TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 128,

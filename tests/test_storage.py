@@ -16,11 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from raypost.utils.local_head import LocalHead, free_port
-from tests.conftest import ROOT, TINY
-
-CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-
+from raypost.utils.local_head import free_port
+from tests.conftest import TINY, run_pipeline
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
@@ -40,9 +37,7 @@ def s3(tmp_path_factory):
                 if time.time() > deadline or proc.poll() is not None:
                     raise RuntimeError(f"moto_server did not start: {log.read_text()[-2000:]}")
                 time.sleep(0.2)
-        old = {k: os.environ.get(k) for k in CREDS}
-        os.environ.update(CREDS)
-        from pyarrow import fs
+        from pyarrow import fs  # credentials: tests/conftest.py (any, for moto)
 
         s3fs, _ = fs.FileSystem.from_uri(f"s3://runs?endpoint_override=127.0.0.1:{port}&scheme=http"
                                          "&allow_bucket_creation=true")
@@ -51,8 +46,6 @@ def s3(tmp_path_factory):
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
-        for k, v in old.items():
-            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
 def keys(s3fs, prefix: str) -> set[str]:
@@ -105,22 +98,19 @@ def test_the_mirror_leaves_checkpoints_to_ray_and_fetches_their_exports(s3, monk
     assert (fresh / "metrics.jsonl").read_text() == "{}\n{}\n"
 
 
-def sft(head: LocalHead, uri: str, cache: Path, steps: int) -> str:
+def sft(address: str, uri: str, steps: int) -> str:
     args = ["--run.storage_path", uri, "--run.name", "s", "--run.wandb_mode", "disabled", "--train.max_steps", str(steps),
             "--run.checkpoint_every", "2", "--run.log_every", "1", "--data.synthetic.num_train", "200",
             "--data.synthetic.num_eval", "8", "--data.max_seq_len", "96", "--optim.micro_batch_size", "4",
             "--eval.max_new_tokens", "8", "--resources.num_workers", "1", "--resources.cpus_per_worker", "1",
             *[a for k, v in TINY.items() for a in (f"--model.tiny.{k}", str(v))]]
-    proc = subprocess.run([sys.executable, str(ROOT / "pipelines" / "sft.py"), *args], cwd=ROOT,
-                          env={**head.env(), "RAYPOST_STORAGE_CACHE": str(cache)}, capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-5000:]
+    proc = run_pipeline("sft.py", args, address, timeout=900)
     return proc.stdout + proc.stderr
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_an_sft_run_stored_in_s3_resumes_on_a_machine_without_its_files(s3, tmp_path, monkeypatch):
+def test_an_sft_run_stored_in_s3_resumes_on_a_machine_without_its_files(s3, ray_cluster, tmp_path, monkeypatch):
     """The first run keeps everything in the bucket: Ray Train's checkpoints (written by the
     worker), metrics and report (mirrored). A second run of the same name, with more steps, from
     an empty working copy (another machine), resumes at the last checkpoint from the bucket and
@@ -128,16 +118,17 @@ def test_an_sft_run_stored_in_s3_resumes_on_a_machine_without_its_files(s3, tmp_
     from raypost.utils import storage
 
     uri = f"s3://runs/team?{s3['query']}"
-    with LocalHead(num_cpus=2) as head:  # started with the S3 credentials in its environment
-        sft(head, uri, tmp_path / "machine-a", steps=4)
-        stored = keys(s3["fs"], "runs/team/s")
-        assert {"metrics.jsonl", "report.json", "loss.png", "config.yaml"} <= stored
-        ckpts = {k.split("/")[0] for k in stored if k.startswith("checkpoint_") and "/" in k}  # steps 2 and 4
-        assert len(ckpts) == 2 and sum(f"{c}/hf/model.safetensors" in stored for c in ckpts) == 1
-        # The driver's working copy holds the final checkpoint's export (downloaded) and the report.
-        local = storage.working_copy(uri).relative_to(storage.cache_root())
-        assert list((tmp_path / "machine-a" / local / "s").glob("checkpoint_*/hf/model.safetensors"))
-        out = sft(head, uri, tmp_path / "machine-b", steps=6)
+    monkeypatch.setenv("RAYPOST_STORAGE_CACHE", str(tmp_path / "machine-a"))  # the driver's working copies
+    sft(ray_cluster, uri, steps=4)
+    stored = keys(s3["fs"], "runs/team/s")
+    assert {"metrics.jsonl", "report.json", "loss.png", "config.yaml"} <= stored
+    ckpts = {k.split("/")[0] for k in stored if k.startswith("checkpoint_") and "/" in k}  # steps 2 and 4
+    assert len(ckpts) == 2 and sum(f"{c}/hf/model.safetensors" in stored for c in ckpts) == 1
+    # The driver's working copy holds the final checkpoint's export (downloaded) and the report.
+    local = storage.working_copy(uri).relative_to(storage.cache_root())
+    assert list((tmp_path / "machine-a" / local / "s").glob("checkpoint_*/hf/model.safetensors"))
+    monkeypatch.setenv("RAYPOST_STORAGE_CACHE", str(tmp_path / "machine-b"))  # a machine without the run's files
+    out = sft(ray_cluster, uri, steps=6)
     assert "resumed at step 4" in out
     monkeypatch.setenv("RAYPOST_STORAGE_CACHE", str(tmp_path / "machine-c"))
     run = storage.working_copy(uri) / "s"
