@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from raypost.serve.channel import rollout_channel
@@ -41,7 +41,7 @@ class Sampler:
     take: Callable[[checkpointing.ControllerState], tuple[list[dict], dict[str, float]]]  # rank 0; moves the cursor
     learn: Callable[[list[dict]], dict[str, float]]  # every rank, on its slice: one optimizer step
     # every rank, after the push: metrics from the batch, its metrics and the step's seconds so far
-    extra: Callable[[list[dict], dict[str, float], float], dict[str, float]] = field(default=lambda *_: {})
+    extra: Callable[[list[dict], dict[str, float], float], dict[str, float]] = lambda *_: {}
     start: Callable[[], None] = _nothing  # rank 0, once the replicas serve the restored weights
     advance: Callable[[int], None] = _nothing  # rank 0, after each push: the version now served
     stop: Callable[[], None] = _nothing  # rank 0, however the loop ends
@@ -94,4 +94,5 @@ def _log_step(logger: MetricsLogger, progress: Progress, sampler: Sampler, state
     logger.log(metrics, state.step)
     checkpointing.log_trained(run_dir, state.step, [s["sample_id"] for s in seqs])
     if state.step % log_every == 0 or state.step == sampler.steps:
-        logging.getLogger(f"raypost.{sampler.phase}").info(progress.line(state.step, {k: metrics[k] for k in sampler.shown if k in metrics}))
+        shown = {k: metrics[k] for k in sampler.shown if k in metrics}
+        logging.getLogger(f"raypost.{sampler.phase}").info(progress.line(state.step, shown))
