@@ -31,7 +31,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from raypost.serve.weights import Spec, nbytes
+from raypost.serve.weights import Spec, in_order, nbytes
 
 log = logging.getLogger("raypost")
 
@@ -92,15 +92,8 @@ class WeightServer:
             meta.append((*spec, offset, nbytes(spec)))
             offset += nbytes(spec)
         buf = torch.empty(offset, dtype=torch.uint8)
-        todo = iter(meta)
-        for bucket in buckets:
-            for name, tensor in bucket.items():
-                want = next(todo, None)
-                if want is None or want[0] != name or want[4] != tensor.numel() * tensor.element_size():
-                    raise ValueError(f"weight stream out of order: got {name}, expected {want and want[0]}")
-                buf[want[3]:want[3] + want[4]] = tensor.detach().contiguous().reshape(-1).view(torch.uint8).cpu()
-        if next(todo, None) is not None:
-            raise ValueError(f"weight stream for version {version} ended before its last tensor")
+        for i, flat in in_order(specs, buckets):
+            buf[meta[i][3]:meta[i][3] + meta[i][4]] = flat
         with self._lock:
             self._offer = {"version": version, "meta": meta, "buckets": buckets_of(meta, self.bucket_bytes), "buf": buf}
 

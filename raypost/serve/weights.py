@@ -13,7 +13,7 @@ import math
 import os
 import struct
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -91,19 +91,29 @@ def write_stream(weights_dir: str | Path, version: int, specs: Sequence[Spec],
     return path
 
 
+def in_order(specs: Sequence[Spec], buckets: Iterable[Mapping[str, torch.Tensor]]) -> Iterator[tuple[int, torch.Tensor]]:
+    """(index in ``specs``, tensor as flat bytes) for each tensor of ``buckets``, checked against
+    ``specs`` (name, dtype and shape, in order, none missing): a push's receivers lay the bytes
+    out by ``specs`` alone."""
+    n = 0
+    for bucket in buckets:
+        for name, tensor in bucket.items():
+            got = (name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape))
+            want = specs[n] if n < len(specs) else None
+            if want is None or (want[0], want[1], list(want[2])) != got:
+                raise ValueError(f"weight stream out of order: got {got}, expected {want}")
+            yield n, tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+            n += 1
+    if n != len(specs):
+        raise ValueError(f"weight stream ended before its last tensor ({n} of {len(specs)})")
+
+
 def _write(path: Path, specs: Sequence[Spec], buckets: Iterable[Mapping[str, torch.Tensor]]) -> None:
-    todo = iter(specs)
+    """safetensors' own writer takes a whole dict; this writes its format one tensor at a time."""
     with path.open("wb") as f:
         f.write(safetensors_header(specs))
-        for bucket in buckets:
-            for name, tensor in bucket.items():
-                want = next(todo, None)
-                got = (name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape))
-                if want is None or (want[0], want[1], list(want[2])) != got:
-                    raise ValueError(f"weight stream out of order: got {got}, expected {want}")
-                f.write(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
-    if next(todo, None) is not None:
-        raise ValueError(f"weight stream to {path.name} ended before its last tensor")
+        for _, flat in in_order(specs, buckets):
+            f.write(flat.numpy().data)
 
 
 def publish(weights_dir: str | Path, version: int, state: Mapping[str, torch.Tensor], keep: int = 2) -> Path:
