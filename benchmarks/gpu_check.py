@@ -12,7 +12,8 @@ machine cannot run it (no GPU, a package missing, one GPU where two are needed):
    small buckets: the pushed weights equal the model's, and on a GPU the device's peak memory
    during the push stays under the model plus two buckets.
 3. replica_push: the rollout Serve app with its vLLM engine on the device, weights pushed through
-   the shm channel: greedy tokens equal transformers' on the pushed weights, log-probs within 1e-2.
+   the object_store channel (Ray's object store, then a memfd that the engine's worker process
+   maps): greedy tokens equal transformers' on the pushed weights, log-probs within 1e-2.
 4. collective_nccl: the collective transport's NCCL path, learner rank 0 on GPU 0 and a receiver on
    GPU 1 (NCCL cannot put two ranks on one GPU): every tensor arrives intact.
 
@@ -148,6 +149,7 @@ def check_replica_push(ctx: dict[str, Any]) -> dict[str, Any]:
     wdir = f"/dev/shm/raypost-gpu-check-{os.getpid()}"
     cfg = build(RolloutConfig, {"num_replicas": 1, "cpus_per_replica": 1, "gpus_per_replica": 1 if cuda else 0,
                                 "max_model_len": 256, "weights_dir": wdir, "dtype": "float32",
+                                "weight_transport": "object_store",
                                 "gpu_memory_utilization": 0.3})
     tok = load_tokenizer(str(ctx["model"]))
     prompts = [prompt_ids(tok, r["question"], None) for r in synthetic.generate(4, seed=11)]

@@ -6,11 +6,16 @@ holding the new tensors: the learner's ``channel.publish(version, state)``, then
 Each transport publishes an untimed version 0 first, which starts the run's board actor (about
 1.5-2 s, once per run).
 
-* memcpy: ``copy_`` of every tensor into preallocated tensors of the same shapes (the floor).
+* memcpy: ``copy_`` of every tensor into tensors of the same shapes that were written once
+  before (warm pages: the floor, and what the ratios are against).
+* memcpy, fresh pages: the same copy into memory mapped just before (every page faulted in on
+  first touch), as a push into a new file or object is. malloc'd tensors can be either, by the
+  heap's state, which made a plain memcpy read 0.067 s in some runs and 0.18 s in others.
 * shm: publish writes ``v<k>.safetensors`` into /dev/shm; the reader is this process.
 * object_store, same node / other node: a publisher actor (the learner's rank 0) on node A and
   a fetcher actor (a replica) on node A or on node B, two raylets of this machine
-  (``LocalHead.add_node``), so the other-node case goes through Ray's object transfer.
+  (``LocalHead.add_node``), so the other-node case goes through Ray's object transfer. The
+  fetcher writes the pulled buckets into a memfd and maps it, as its engine's worker would.
 * collective, same node / other node: the same actors; the fetcher takes a ticket from the
   publisher's weight server and receives every bucket over a gloo group, as an engine worker
   does (``raypost.serve.collective.receive``). Publish is the learner's copy into the buffer it serves.
@@ -50,14 +55,31 @@ def read_tensors(path: str) -> int:
     return sum(t.numel() * t.element_size() for _, t in _tensors(path))
 
 
-def time_memcpy(state: dict[str, Any]) -> float:
+def time_memcpy(state: dict[str, Any]) -> tuple[float, float]:
+    """(warm, fresh): seconds to copy every tensor into warm pages, and into fresh ones."""
+    import mmap
+
     import torch
 
     dst = {k: torch.empty_like(v) for k, v in state.items()}
+    for k, v in state.items():
+        dst[k].copy_(v)  # every page written once
     t0 = time.perf_counter()
     for k, v in state.items():
         dst[k].copy_(v)
-    return time.perf_counter() - t0
+    warm = time.perf_counter() - t0
+    nbytes = sum(v.numel() * v.element_size() for v in state.values())
+    region = mmap.mmap(-1, nbytes)  # anonymous: no page is backed until it is touched
+    flat = torch.frombuffer(region, dtype=torch.uint8)
+    t0, offset = time.perf_counter(), 0
+    for v in state.values():
+        n = v.numel() * v.element_size()
+        flat[offset:offset + n].view(v.dtype).copy_(v.reshape(-1))
+        offset += n
+    fresh = time.perf_counter() - t0
+    del flat
+    region.close()
+    return warm, fresh
 
 
 def time_shm(state: dict[str, Any], repeats: int) -> list[tuple[float, float]]:
@@ -99,9 +121,9 @@ class Publisher:
 
 
 class Fetcher:
-    """A replica: fetch the newest version, then load it as the worker does: receive every bucket
-    (object_store: from this replica's own server, after pulling the objects; collective: from the
-    learner's)."""
+    """A replica: fetch the newest version, then read it as the worker does (object_store: map the
+    memfd the replica wrote the pulled objects into; collective: receive every bucket from the
+    learner's server)."""
 
     def __init__(self, weights_dir: str, transport: str) -> None:
         from raypost.serve.channel import channel
@@ -116,6 +138,10 @@ class Fetcher:
         self.have, source = await self.chan.fetch(self.have)
         if "file" in source:
             await asyncio.to_thread(read_tensors, source["file"])
+        elif "memfd" in source:  # as the engine's worker maps it (from this process here)
+            from raypost.serve.memfd import tensors
+
+            sum(t.numel() for _, t in tensors(source["memfd"]))
         else:
             await asyncio.to_thread(lambda: sum(t.numel() for _, t in receive(source["collective"], 0)))
         return time.perf_counter() - t0
@@ -186,9 +212,11 @@ def main() -> None:
         for name, path in models.items():
             state = load_state(path)
             nbytes = sum(t.numel() * t.element_size() for t in state.values())
-            memcpy = statistics.median(time_memcpy(state) for _ in range(args.repeats))
+            copies = [time_memcpy(state) for _ in range(args.repeats)]
+            memcpy = statistics.median(c[0] for c in copies)
             shm = time_shm(state, args.repeats)
-            med = {"memcpy": memcpy, "shm publish": statistics.median(s[0] for s in shm),
+            med = {"memcpy": memcpy, "memcpy, fresh pages": statistics.median(c[1] for c in copies),
+                   "shm publish": statistics.median(s[0] for s in shm),
                    "shm publish + read": statistics.median(s[1] for s in shm)}
             result["models"][name] = {"bytes": nbytes, "median_s": med, "shm_runs": shm}
             for transport, load in (("object_store", "fetch + read"), ("collective", "receive")):

@@ -1,16 +1,22 @@
 """The weight channels on a real Ray cluster: the version record is the run's board actor, not a
 file; a shm version whose file this node cannot read is an error that names the fix; the
 collective channel streams the newest version in buckets over a gloo group, and a receiver that
-never joins fails only its own transfer."""
+never joins fails only its own transfer; an object_store replica hands its engine a memfd."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.conftest import ROOT
 
 
 def test_shm_versions_are_recorded_in_ray_and_removed_at_close(ray_cluster):
@@ -152,23 +158,84 @@ def test_a_push_reads_the_weights_in_buckets_of_at_most_the_bucket_size(tiny_mod
         assert torch.equal(got[k], state[k]) and got[k].data_ptr() != state[k].data_ptr(), k  # copies
 
 
+def _memfd_name(fd: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except FileNotFoundError:
+        return None
+
+
+READ_IN_ANOTHER_PROCESS = """
+import json, sys
+from raypost.serve.memfd import tensors
+print(json.dumps({k: [str(t.dtype), t.float().reshape(-1).tolist()] for k, t in tensors(json.load(sys.stdin))}))
+"""
+
+
 def test_object_store_channel_hands_a_version_put_in_buckets_to_the_workers_without_a_file(ray_cluster):
+    """The learner puts a version in buckets; the replica pulls it once and writes it into a memfd,
+    which an engine worker (another process) maps and reads; the next version replaces it."""
     from raypost.serve.channel import channel
-    from raypost.serve.collective import receive
     from raypost.serve.weights import specs_of
 
     wdir = Path(f"/dev/shm/raypost-test-{uuid.uuid4().hex[:8]}")
-    learner, replica = channel("object_store", wdir), channel("object_store", wdir, bucket_mb=1)
-    state = {f"w{i}": torch.full((i + 1, 3), float(i)) for i in range(5)}
+    learner, replica = channel("object_store", wdir), channel("object_store", wdir)
+    g = torch.Generator().manual_seed(0)
+    # odd sizes and mixed dtypes: every tensor still starts aligned for its dtype
+    state = {"w0": torch.randn(3, generator=g).to(torch.bfloat16), "w1": torch.randn(5, 3, generator=g),
+             "step": torch.tensor([7], dtype=torch.int64), "w2": torch.randn(2, generator=g).to(torch.float16)}
+    items = list(state.items())
     try:
-        learner.publish_stream(4, specs_of(state), [dict(list(state.items())[:2]), dict(list(state.items())[2:])])
-        for _ in range(2):  # a second engine (or a restarted one) asks again: the replica pulled it once
-            version, source = asyncio.run(replica.fetch(0))
-            got = dict(receive(source["collective"], 0))  # what the engine's worker does
-            assert version == 4 and got.keys() == state.keys()
-            assert all(torch.equal(got[k], v) for k, v in state.items())
-        assert replica._server.sent[-1]["version"] == 4 and len(replica._server.sent) == 2
+        learner.publish_stream(4, specs_of(state), [dict(items[:1]), dict(items[1:])])
+        sources = [asyncio.run(replica.fetch(0)) for _ in range(2)]  # a second engine asks: pulled once
+        (version, source), (_, again) = sources
+        assert version == 4 and again == source and source["memfd"]["version"] == 4
+        fd = source["memfd"]["fd"]
+        assert _memfd_name(fd).startswith("/memfd:raypost-weights")
+        out = subprocess.run([sys.executable, "-c", READ_IN_ANOTHER_PROCESS], input=json.dumps(source["memfd"]),
+                             capture_output=True, text=True, cwd=ROOT, timeout=120, check=True)
+        got = json.loads(out.stdout)
+        for k, v in state.items():
+            assert got[k] == [str(v.dtype), v.float().reshape(-1).tolist()], k
+        state = {k: v * 2 for k, v in state.items()}  # version 5, in one bucket: written over version 4
+        learner.publish_stream(5, specs_of(state), [state])
+        version, source = asyncio.run(replica.fetch(4))
+        assert version == 5 and source["memfd"]["fd"] == fd and source["memfd"]["version"] == 5
+        out = subprocess.run([sys.executable, "-c", READ_IN_ANOTHER_PROCESS], input=json.dumps(source["memfd"]),
+                             capture_output=True, text=True, cwd=ROOT, timeout=120, check=True)
+        assert json.loads(out.stdout)["w1"] == [str(state["w1"].dtype), state["w1"].reshape(-1).tolist()]
+        with pytest.raises(ValueError, match="out of order"):
+            learner.publish_stream(6, specs_of(state), [dict(items[1:]), dict(items[:1])])
         assert not wdir.exists()  # no file on either side
     finally:
         replica.release()
         learner.close()
+    assert replica._shared is None and not (_memfd_name(fd) or "").startswith("/memfd:raypost")  # closed
+
+
+def test_a_memfd_version_lays_tensors_out_aligned_and_refuses_bytes_that_do_not_match():
+    import numpy as np
+
+    from raypost.serve.memfd import ALIGN, SharedWeights, layout, tensors
+
+    specs = [("a", "bfloat16", [3]), ("b", "float32", [2, 2]), ("c", "int64", [])]
+    meta, size = layout(specs)
+    assert [m[3] for m in meta] == [0, ALIGN, 2 * ALIGN] and [m[4] for m in meta] == [6, 16, 8] and size == 3 * ALIGN
+    state = {"a": torch.tensor([1.5, -2.0, 3.0], dtype=torch.bfloat16), "b": torch.arange(4.0).reshape(2, 2),
+             "c": torch.tensor(9)}
+    arrays = [v.reshape(-1).view(torch.uint8).numpy() for v in state.values()]
+    shared = SharedWeights()
+    try:
+        shared.write(3, specs, arrays)
+        got = dict(tensors(shared.source()))
+        assert all(got[k].dtype == v.dtype and torch.equal(got[k], v) for k, v in state.items())
+        with pytest.raises(ValueError, match="weight b: 8 bytes, its spec says 16"):
+            shared.write(4, specs, [arrays[0], np.zeros(8, dtype=np.uint8), arrays[2]])
+        with pytest.raises(RuntimeError, match="no complete weight version"):
+            shared.source()  # a write that failed half-way is never handed out
+        with pytest.raises(ValueError, match="ended before its last tensor"):
+            shared.write(4, specs, arrays[:2])
+        shared.write(5, specs[:2], arrays[:2])  # a smaller version: the memfd shrinks to it
+        assert shared.source()["size"] == 2 * ALIGN and os.fstat(shared.fd).st_size == 2 * ALIGN
+    finally:
+        shared.close()

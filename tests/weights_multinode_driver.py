@@ -2,9 +2,10 @@
 cluster: a head, where this process pushes weights as the learner's rank 0 would, and node B
 (``rollout_node``), where the rollout replicas must run. Weights go through TRANSPORT
 (``rollout.weight_transport``: object_store or collective). Each step is reported as one JSON
-line on stdout; before the last one it waits for a line on stdin, while the test adds node C.
+line on stdout. With SCALE=scale, before the last one it waits for a line on stdin, while the
+test adds node C.
 
-    python tests/weights_multinode_driver.py MODEL WEIGHTS_DIR TRANSPORT
+    python tests/weights_multinode_driver.py MODEL WEIGHTS_DIR TRANSPORT [scale]
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def killed_during_push(client: Any, model: str, prompts: list[list[int]], victim
     return {"hung": worker.is_alive(), "errors": errors, "versions": [g["version"] for g in answers]}
 
 
-def main(model: str, weights_dir: str, transport: str) -> None:
+def main(model: str, weights_dir: str, transport: str, scale: bool) -> None:
     import ray
     from ray import serve
     from ray.serve.api import RunTarget
@@ -110,20 +111,8 @@ def main(model: str, weights_dir: str, transport: str) -> None:
         replaced = wait_running(2, gone={victim})
         later = [g["version"] for g in client.generate(prompts * 4, 1, greedy)]
         say(step="killed_during_push", **during, later=later, replica_nodes=sorted(set(replaced.values())))
-
-        say(step="add_node_c")
-        sys.stdin.readline()  # the test has added node C: the third replica starts there, after the push
-        scaled = wait_running(3)
-        node_b = set(replaced.values())
-        # Node B's replicas are killed, so the requests that follow reach the replica on node C
-        # (B's replacements take longer to start than these requests take to be answered).
-        for name, node in scaled.items():
-            if node in node_b:
-                ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
-        t0 = time.time()
-        versions = [g["version"] for g in client.generate(prompts * 2, 1, greedy)]
-        say(step="scaled", versions=versions, answered_s=time.time() - t0, replica_nodes=sorted(set(scaled.values())),
-            new_nodes=sorted(set(scaled.values()) - node_b), live_after=sorted(set(replica_nodes().values())))
+        if scale:
+            scaled_to_node_c(client, prompts, set(replaced.values()))
     finally:
         serve.delete("rollout")
         if client is not None:
@@ -133,5 +122,25 @@ def main(model: str, weights_dir: str, transport: str) -> None:
                                     for a in ray.util.list_named_actors(all_namespaces=True)))
 
 
+def scaled_to_node_c(client: Any, prompts: list[list[int]], node_b: set[str]) -> None:
+    """The third replica starts on node C (added by the test now), after the push: its first
+    answers are the latest version."""
+    import ray
+
+    greedy = {"temperature": 0.0, "max_tokens": 8}
+    say(step="add_node_c")
+    sys.stdin.readline()  # the test has added node C: the third replica starts there, after the push
+    scaled = wait_running(3)
+    # Node B's replicas are killed, so the requests that follow reach the replica on node C
+    # (B's replacements take longer to start than these requests take to be answered).
+    for name, node in scaled.items():
+        if node in node_b:
+            ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+    t0 = time.time()
+    versions = [g["version"] for g in client.generate(prompts * 2, 1, greedy)]
+    say(step="scaled", versions=versions, answered_s=time.time() - t0, replica_nodes=sorted(set(scaled.values())),
+        new_nodes=sorted(set(scaled.values()) - node_b), live_after=sorted(set(replica_nodes().values())))
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3])
+    main(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:] == ["scale"])

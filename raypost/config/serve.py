@@ -108,15 +108,16 @@ class RolloutConfig(StrictModel):
     weight_transport: Literal["shm", "object_store", "collective"] = Field(
         "shm", description="How pushed weights reach the replicas (raypost.serve.channel): shm = files in "
                            "weights_dir (node-local: replicas on learner rank 0's node, or a weights_dir every node "
-                           "mounts); object_store = Ray's object store, to replicas on any node; collective = a "
+                           "mounts); object_store = Ray's object store, to replicas on any node, each handing its engine a memfd "
+                           "(no file); collective = a "
                            "process group (gloo; nccl on GPU) from learner rank 0 to each replica's engine workers, "
                            "in buckets, to any node, with no file.")
     weight_bucket_mb: int = Field(64, ge=1, le=65536, description=(
         "MiB per bucket of a push: the learner gathers (ZeRO-3) and passes on this much at a time, and "
         "the collective transport broadcasts this much at a time."))
     weights_dir: str = Field("/dev/shm/raypost", min_length=1, description="shm: where pushed weights are written "
-                             "(node-local shared memory by default); object_store: where each replica stages them "
-                             "on its own node.")
+                             "(node-local shared memory by default); object_store and collective: the run's name "
+                             "for its version record (no file is written).")
     shared_weights_dir: bool = Field(False, description="shm: weights_dir is a mount every node shares, so replicas "
                                                         "may run on other nodes than learner rank 0.")
     max_attempts: int = Field(4, ge=1, le=100, description="Client tries per request across replica failures.")

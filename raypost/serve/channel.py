@@ -14,15 +14,15 @@ restarts late asks the board before its first request, so it serves the latest v
   one node; a replica on another node needs a ``weights_dir`` that every node mounts.
 * ``object_store``: rank 0 puts the weights into Ray's object store, one object per bucket, and
   files the references with the board. A replica on any node pulls the newest version through
-  Ray's object transfer and hands it to its engine's workers over a gloo group on its own node
-  (as ``collective`` does). No file.
+  Ray's object transfer and writes it into one memfd, which its engine's workers (on its node)
+  map read-only (``raypost.serve.memfd``). No file.
 * ``collective``: rank 0 keeps the newest version in (CPU) memory, the one copy it holds, and
   files its server's address with the board; a replica's engine workers receive it over a
   process group, bucket by bucket, and load it as it arrives (``raypost.serve.collective``). Any
   node, no file.
 
-A replica turns what ``fetch`` returns (a ``source``: ``{"file": path}`` or ``{"collective": ...}``)
-into weights in its engine's workers (``raypost.serve.vllm_ext``).
+A replica turns what ``fetch`` returns (a ``source``: ``{"file": path}``, ``{"memfd": ...}`` or
+``{"collective": ...}``) into weights in its engine's workers (``raypost.serve.vllm_ext``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import asyncio
 import shutil
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -62,8 +62,8 @@ class WeightChannel(ABC):
     @abstractmethod
     async def fetch(self, have: int) -> tuple[int, dict[str, Any] | None]:
         """Replica: (newest version, the source its engine workers load it from: ``{"file": a
-        local safetensors file}`` or ``{"collective": ...}``); (have, None) when the replica already
-        serves the newest version or nothing was published yet."""
+        local safetensors file}``, ``{"memfd": ...}`` or ``{"collective": ...}``); (have, None) when
+        the replica already serves the newest version or nothing was published yet."""
 
     async def newer_than(self, have: int) -> bool:
         """Replica: whether a version other than ``have`` was published (cheap: no transfer)."""
@@ -78,33 +78,7 @@ class WeightChannel(ABC):
         shutil.rmtree(self.weights_dir, ignore_errors=True)
 
     def release(self) -> None:
-        """A replica stops: release what it holds for its engine's workers (object_store: its server)."""
-
-
-def pack(state: Mapping[str, torch.Tensor]) -> tuple[list[tuple[str, str, list[int], int, int]], Any]:
-    """The weights as one flat byte array plus (name, dtype, shape, offset, bytes) per tensor: Ray
-    serializes one numpy array with a single copy into the object store, where a dict of
-    hundreds of tensors cost 10x a memcpy (benchmarks/weight_push.py)."""
-    cpu = [(k, v.detach().contiguous().cpu()) for k, v in state.items()]
-    meta, offset = [], 0
-    for k, v in cpu:
-        n = v.numel() * v.element_size()
-        meta.append((k, str(v.dtype).removeprefix("torch."), list(v.shape), offset, n))
-        offset += n
-    flat = torch.empty(offset, dtype=torch.uint8)
-    for (_, _, _, off, n), (_, v) in zip(meta, cpu):
-        flat[off:off + n] = v.reshape(-1).view(torch.uint8)
-    return meta, flat.numpy()
-
-
-def unpack(meta: list[tuple[str, str, list[int], int, int]], flat: Any) -> dict[str, torch.Tensor]:
-    """``pack``'s tensors, as views of ``flat`` (no copy; read-only when it lies in the object store)."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "non-writable array": these views are only read
-        buf = torch.from_numpy(flat)
-    return {k: buf[off:off + n].view(getattr(torch, dtype)).reshape(shape) for k, dtype, shape, off, n in meta}
+        """A replica stops: release what it holds for its engine's workers (object_store: its memfd)."""
 
 
 class WeightBoard:
@@ -191,12 +165,11 @@ class ShmChannel(BoardChannel):
 class ObjectStoreChannel(BoardChannel):
     transport = "object_store"
 
-    def __init__(self, weights_dir: str, workers: int = 1, bucket_mb: int = 64) -> None:
+    def __init__(self, weights_dir: str) -> None:
         super().__init__(weights_dir)
-        self.workers, self.bucket_bytes = workers, bucket_mb << 20  # engine workers per replica
+        self._stage = torch.empty(0, dtype=torch.uint8)  # learner: one bucket's bytes, reused for each
         self._staging = asyncio.Lock()
-        self._server: Any = None  # a replica's: hands the version it pulled to its engine workers
-        self._staged = -1
+        self._shared: Any = None  # replica: the version it pulled, in a memfd for its engine's workers
 
     def publish_stream(self, version: int, specs: Sequence[weights.Spec],
                        buckets: Iterable[Mapping[str, torch.Tensor]]) -> None:
@@ -205,36 +178,65 @@ class ObjectStoreChannel(BoardChannel):
         board = self._created_board()
         # One object per bucket, put as it arrives. Owned by this process (the learner's rank 0,
         # alive for the whole run; a restarted learner republishes its restored version before any
-        # request). Ray 2.56 removed ray.put(_owner=). The board gets [specs, ref, ref, ...].
-        refs = [ray.put(pack(bucket)) for bucket in buckets]
-        ray.get(board.put.remote(version, [[list(x) for x in specs], *refs]))
+        # request). Ray 2.56 removed ray.put(_owner=). The board gets [specs, counts, ref, ...]:
+        # the tensors of each bucket, in order, and its object.
+        refs, counts = [], []
+        for bucket in buckets:
+            n = sum(counts)
+            refs.append(ray.put(self._packed(specs[n:n + len(bucket)], bucket)))
+            counts.append(len(bucket))
+        if sum(counts) != len(specs):
+            raise ValueError(f"weight stream ended before its last tensor ({sum(counts)} of {len(specs)})")
+        ray.get(board.put.remote(version, [[list(x) for x in specs], counts, *refs]))
+
+    def _packed(self, part: Sequence[weights.Spec], bucket: Mapping[str, torch.Tensor]) -> Any:
+        """The bucket's tensors back to back, as one numpy array in a staging buffer this channel
+        reuses (Ray copies it into the object store before ``put`` returns). Ray puts one array at
+        about a memcpy; an array per tensor cost 3x that, a fresh buffer's page faults more, and a
+        dict of torch tensors 10x (benchmarks/weight_push.py)."""
+        size = sum(weights.nbytes(spec) for spec in part)
+        if self._stage.numel() < size:
+            self._stage = torch.empty(size, dtype=torch.uint8)
+        offset = 0
+        for _, flat in weights.in_order(part, [bucket]):
+            self._stage[offset:offset + flat.numel()] = flat
+            offset += flat.numel()
+        return self._stage[:size].numpy()
 
     async def fetch(self, have: int) -> tuple[int, dict[str, Any] | None]:
-        """Pull the newest version's buckets through Ray's object store to this node, then hand
-        them to the engine's workers (other processes, outside Ray) over a gloo group on this
-        node, as the collective transport does: no file."""
-        import ray
-
-        from raypost.serve.collective import WeightServer, request
+        """Pull the newest version's buckets through Ray's object store to this node, then write
+        them into the memfd that the engine's workers (other processes on this node, outside
+        Ray) map read-only (``raypost.serve.memfd``): one copy, no file. The source holds until
+        the next fetch that finds a newer version (the replica loads one version at a time)."""
+        from raypost.serve.memfd import SharedWeights
 
         version, boxed = await self._latest()
         if version == have or boxed is None:
             return have, None
         async with self._staging:  # concurrent requests pull each version once
-            if self._staged != version:
-                specs, refs = boxed[0], boxed[1:]
-                buckets = [unpack(*await ref) for ref in refs]  # views into this node's object store
-                if self._server is None:
-                    self._server = WeightServer(ray.util.get_node_ip_address(), "gloo", self.bucket_bytes)
-                await asyncio.to_thread(self._server.offer, version, specs, buckets)
-                self._staged = version
-            source = await asyncio.to_thread(request, self._server.address, self.workers)
-        return source["version"], {"collective": source}
+            if self._shared is None or self._shared.version != version:
+                specs, counts, refs = boxed[0], boxed[1], boxed[2:]
+                flats = [await ref for ref in refs]  # read-only, in this node's object store
+                self._shared = self._shared or SharedWeights()
+                await asyncio.to_thread(self._shared.write, version, specs, split(specs, counts, flats))
+        return version, {"memfd": self._shared.source()}
 
     def release(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
+        if self._shared is not None:
+            self._shared.close()
+            self._shared = None
+
+
+def split(specs: Sequence[weights.Spec], counts: Sequence[int], flats: Sequence[Any]) -> Iterator[Any]:
+    """Each tensor's bytes, as views of the flat buckets that hold ``counts`` tensors each, in order."""
+    n = 0
+    for count, flat in zip(counts, flats):
+        offset = 0
+        for spec in specs[n:n + count]:
+            size = weights.nbytes(spec)
+            yield flat[offset:offset + size]
+            offset += size
+        n += count
 
 
 class CollectiveChannel(BoardChannel):
@@ -297,10 +299,10 @@ def rollout_channel(rollout: Any, weights_dir: str | Path | None = None) -> Weig
     """The channel that ``rollout`` (a RolloutConfig) names, for the run's ``weights_dir``."""
     return channel(rollout.weight_transport, weights_dir or rollout.weights_dir,
                    **({"workers": rollout.tensor_parallel_size, "bucket_mb": rollout.weight_bucket_mb}
-                      if rollout.weight_transport != "shm" else {}))
+                      if rollout.weight_transport == "collective" else {}))
 
 
 def channel(transport: str, weights_dir: str | Path, **options: Any) -> WeightChannel:
     """The ``transport`` channel of the run whose pushed weights live under ``weights_dir``
-    (``options``, object_store and collective: ``workers`` per replica and ``bucket_mb``)."""
+    (``options``, collective: ``workers`` per replica and ``bucket_mb``)."""
     return CHANNELS[transport](str(weights_dir), **options)

@@ -1,4 +1,5 @@
-"""vLLM worker extension: load a pushed weight version in place, from a file or a process group.
+"""vLLM worker extension: load a pushed weight version in place, from a file, a memfd of the
+replica's or a process group.
 
 On CPU, vLLM repacks linear weights, so plain ``model.load_weights`` leaves the packed
 layers empty; ``model_runner.reload_weights(..., is_checkpoint_format=True)`` works.
@@ -26,6 +27,10 @@ class WeightReloadExtension:
     def raypost_load(self, source: dict[str, Any]) -> bool:
         if "file" in source:
             return self._raypost_apply(_tensors(source["file"]))
+        if "memfd" in source:
+            from raypost.serve.memfd import tensors
+
+            return self._raypost_apply(tensors(source["memfd"]))
         from raypost.serve.collective import receive
 
         rank = getattr(self, "rank", 0)  # the worker's rank among the replica's engine workers
