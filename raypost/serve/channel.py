@@ -168,7 +168,7 @@ class ObjectStoreChannel(BoardChannel):
     def __init__(self, weights_dir: str) -> None:
         super().__init__(weights_dir)
         self._stage = torch.empty(0, dtype=torch.uint8)  # learner: one bucket's bytes, reused for each
-        self._staging = asyncio.Lock()
+        self._pulling = asyncio.Lock()
         self._shared: Any = None  # replica: the version it pulled, in a memfd for its engine's workers
 
     def publish_stream(self, version: int, specs: Sequence[weights.Spec],
@@ -180,13 +180,13 @@ class ObjectStoreChannel(BoardChannel):
         # alive for the whole run; a restarted learner republishes its restored version before any
         # request). Ray 2.56 removed ray.put(_owner=). The board gets [specs, counts, ref, ...]:
         # the tensors of each bucket, in order, and its object.
-        refs, counts = [], []
+        refs, counts, n = [], [], 0
         for bucket in buckets:
-            n = sum(counts)
             refs.append(ray.put(self._packed(specs[n:n + len(bucket)], bucket)))
             counts.append(len(bucket))
-        if sum(counts) != len(specs):
-            raise ValueError(f"weight stream ended before its last tensor ({sum(counts)} of {len(specs)})")
+            n += len(bucket)
+        if n != len(specs):
+            raise ValueError(f"weight stream ended before its last tensor ({n} of {len(specs)})")
         ray.get(board.put.remote(version, [[list(x) for x in specs], counts, *refs]))
 
     def _packed(self, part: Sequence[weights.Spec], bucket: Mapping[str, torch.Tensor]) -> Any:
@@ -213,7 +213,7 @@ class ObjectStoreChannel(BoardChannel):
         version, boxed = await self._latest()
         if version == have or boxed is None:
             return have, None
-        async with self._staging:  # concurrent requests pull each version once
+        async with self._pulling:  # concurrent requests pull each version once
             if self._shared is None or self._shared.version != version:
                 specs, counts, refs = boxed[0], boxed[1], boxed[2:]
                 flats = [await ref for ref in refs]  # read-only, in this node's object store
