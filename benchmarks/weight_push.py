@@ -4,14 +4,17 @@ What is timed is what a push costs between the learner's ``push_weights`` and a 
 holding the new tensors: the learner's ``channel.publish(version, state)``, then the replica's
 ``channel.fetch`` and the read of the tensors the engine's worker does (``vllm_ext._tensors``).
 Each transport publishes an untimed version 0 first, which starts the run's board actor (about
-1.5-2 s, once per run).
+1.5-2 s, once per run). Every copy runs on as many torch threads as the driver's memcpy (the
+actors set theirs to the driver's; Ray starts an actor with one).
 
 * memcpy: ``copy_`` of every tensor into tensors of the same shapes that were written once
   before (warm pages: the floor, and what the ratios are against).
 * memcpy, fresh pages: the same copy into memory mapped just before (every page faulted in on
   first touch), as a push into a new file or object is. malloc'd tensors can be either, by the
   heap's state, which made a plain memcpy read 0.067 s in some runs and 0.18 s in others.
-* shm: publish writes ``v<k>.safetensors`` into /dev/shm; the reader is this process.
+* shm: publish writes ``v<k>.safetensors`` into /dev/shm (from the third version on, into the
+  file of the version two before, through the mapping kept from writing it:
+  ``weights.VersionFiles``); the reader is this process.
 * object_store, same node / other node: a publisher actor (the learner's rank 0) on node A and
   a fetcher actor (a replica) on node A or on node B, two raylets of this machine
   (``LocalHead.add_node``), so the other-node case goes through Ray's object transfer. The
@@ -104,15 +107,33 @@ def time_shm(state: dict[str, Any], repeats: int) -> list[tuple[float, float]]:
 class Publisher:
     """The learner's rank 0: holds the state and publishes it (the object is owned here)."""
 
-    def __init__(self, model_dir: str, weights_dir: str, transport: str) -> None:
+    def __init__(self, model_dir: str, weights_dir: str, transport: str, threads: int) -> None:
+        import torch
+
         from raypost.serve.channel import channel
 
+        torch.set_num_threads(threads)  # as the driver's memcpy has (Ray starts an actor with 1)
         self.state = load_state(Path(model_dir))
         self.chan = channel(transport, weights_dir)
 
     def publish(self, version: int) -> float:
         t0 = time.perf_counter()
         self.chan.publish(version, self.state)
+        return time.perf_counter() - t0
+
+    def put_alone(self) -> float:
+        """Seconds of one ``ray.put`` of the whole version's bytes, already in one array: the copy
+        into the object store that object_store's publish cannot avoid (its pack is a copy more)."""
+        import numpy as np
+        import ray
+        import torch
+
+        flat = np.concatenate([t.contiguous().reshape(-1).view(torch.uint8).numpy() for t in self.state.values()])
+        held = []
+        for _ in range(3):  # the object store's pages for it faulted in, as they are in a run's steady state
+            held = [*held, ray.put(flat)][-2:]
+        t0 = time.perf_counter()
+        held.append(ray.put(flat))
         return time.perf_counter() - t0
 
     def close(self) -> None:
@@ -125,9 +146,12 @@ class Fetcher:
     memfd the replica wrote the pulled objects into; collective: receive every bucket from the
     learner's server)."""
 
-    def __init__(self, weights_dir: str, transport: str) -> None:
+    def __init__(self, weights_dir: str, transport: str, threads: int) -> None:
+        import torch
+
         from raypost.serve.channel import channel
 
+        torch.set_num_threads(threads)
         self.chan = channel(transport, weights_dir)
         self.have = 0
 
@@ -150,7 +174,8 @@ class Fetcher:
         self.chan.release()
 
 
-def time_across_nodes(address: str, model_dir: Path, repeats: int, transport: str) -> dict[str, list[float]]:
+def time_across_nodes(address: str, model_dir: Path, repeats: int, transport: str,
+                      threads: int) -> dict[str, list[float]]:
     """In a child process started with the head's environment (its token auth, and 127.0.0.1 kept as
     the address: Ray reads that setting when it is imported)."""
     import ray
@@ -158,16 +183,18 @@ def time_across_nodes(address: str, model_dir: Path, repeats: int, transport: st
     ray.init(address=address, log_to_driver=False)
     weights_dir = f"/dev/shm/raypost-bench-{uuid.uuid4().hex[:8]}"
     on = {node: {"num_cpus": 0, "resources": {node: 0.01}} for node in ("node_a", "node_b")}
-    pub = ray.remote(Publisher).options(**on["node_a"]).remote(str(model_dir), weights_dir, transport)
-    near = ray.remote(Fetcher).options(**on["node_a"]).remote(weights_dir, transport)
-    far = ray.remote(Fetcher).options(**on["node_b"]).remote(weights_dir, transport)
-    out: dict[str, list[float]] = {"publish": [], "same node": [], "other node": []}
+    pub = ray.remote(Publisher).options(**on["node_a"]).remote(str(model_dir), weights_dir, transport, threads)
+    near = ray.remote(Fetcher).options(**on["node_a"]).remote(weights_dir, transport, threads)
+    far = ray.remote(Fetcher).options(**on["node_b"]).remote(weights_dir, transport, threads)
+    out: dict[str, list[float]] = {"publish": [], "same node": [], "other node": [], "put alone": []}
     try:
         ray.get(pub.publish.remote(0))  # untimed: starts the run's board (and collective's server)
         for v in range(1, repeats + 1):
             out["publish"].append(ray.get(pub.publish.remote(v)))
             out["same node"].append(out["publish"][-1] + ray.get(near.fetch.remote()))
             out["other node"].append(out["publish"][-1] + ray.get(far.fetch.remote()))
+        if transport == "object_store":
+            out["put alone"] = [ray.get(pub.put_alone.remote()) for _ in range(repeats)]
     finally:
         ray.get([near.release.remote(), far.release.remote()])
         ray.get(pub.close.remote())
@@ -176,8 +203,10 @@ def time_across_nodes(address: str, model_dir: Path, repeats: int, transport: st
 
 
 def across_nodes_child(head: Any, model_dir: Path, repeats: int, transport: str) -> dict[str, list[float]]:
+    import torch
+
     args = ["--ray-child", head.address, "--model-dir", str(model_dir), "--repeats", str(repeats),
-            "--transport", transport]
+            "--transport", transport, "--threads", str(torch.get_num_threads())]
     return run_child(Path(__file__), args, base_env=head.env(), timeout=600, mark=MARK)
 
 
@@ -187,9 +216,10 @@ def main() -> None:
     ap.add_argument("--ray-child", help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     ap.add_argument("--transport", help=argparse.SUPPRESS)
+    ap.add_argument("--threads", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.ray_child:
-        out = time_across_nodes(args.ray_child, Path(args.model_dir), args.repeats, args.transport)
+        out = time_across_nodes(args.ray_child, Path(args.model_dir), args.repeats, args.transport, args.threads)
         print(MARK + json.dumps(out), flush=True)
         return
     import signal
@@ -204,7 +234,9 @@ def main() -> None:
         models["smollm2-135m-instruct"] = Path(named.resolve("smollm2-135m-instruct"))
     except Exception as e:  # noqa: BLE001 - the package is optional here
         print(f"SmolLM2 skipped: {e}")
-    result: dict[str, Any] = {"repeats": args.repeats, "models": {}}
+    import torch
+
+    result: dict[str, Any] = {"repeats": args.repeats, "torch_threads": torch.get_num_threads(), "models": {}}
     rows = []
     with LocalHead(num_cpus=1) as head:
         head.add_node(1, {"node_a": 1})
@@ -224,6 +256,8 @@ def main() -> None:
                 med.update({f"{transport} publish": statistics.median(runs["publish"]),
                             f"{transport} same node, publish + {load}": statistics.median(runs["same node"]),
                             f"{transport} other node, publish + {load}": statistics.median(runs["other node"])})
+                if runs["put alone"]:
+                    med["ray.put of the packed bytes alone"] = statistics.median(runs["put alone"])
                 result["models"][name][f"{transport}_runs"] = runs
             rows += [[name, f"{nbytes / 2**20:.1f}", k, f"{v:.3f}", f"{v / memcpy:.1f}"] for k, v in med.items()]
     print(table(f"weight push, medians of {args.repeats}", ["model", "MiB", "what", "seconds", "x memcpy"], rows))

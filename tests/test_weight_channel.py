@@ -121,8 +121,9 @@ def test_a_streamed_file_is_the_safetensors_file_of_its_buckets_or_nothing(tmp_p
     state = {"a": torch.randn(3, 4, generator=g), "half": torch.randn(5, generator=g).to(torch.bfloat16),
              "step": torch.tensor(3), "empty": torch.zeros(0, 2)}
     specs = weights.specs_of(state)
-    path = weights.write_stream(tmp_path, 1, specs, [{"a": state["a"]}, {"half": state["half"], "step": state["step"]},
-                                                     {"empty": state["empty"]}])
+    files = weights.VersionFiles(tmp_path)
+    path = files.write(1, specs, [{"a": state["a"]}, {"half": state["half"], "step": state["step"]},
+                                  {"empty": state["empty"]}])
     with safe_open(str(path), "pt") as f:  # what the replica's engine workers read
         assert list(f.keys()) == sorted(state)
         for k, v in state.items():
@@ -130,10 +131,59 @@ def test_a_streamed_file_is_the_safetensors_file_of_its_buckets_or_nothing(tmp_p
             assert got.dtype == v.dtype and torch.equal(got, v), k
     # A stream out of order, or one that stops early, leaves no file (not even the partial one).
     with pytest.raises(ValueError, match="out of order"):
-        weights.write_stream(tmp_path, 2, specs, [{"half": state["half"]}])
+        files.write(2, specs, [{"half": state["half"]}])
     with pytest.raises(ValueError, match="ended before its last tensor"):
-        weights.write_stream(tmp_path, 2, specs, [{"a": state["a"]}])
+        files.write(2, specs, [{"a": state["a"]}])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v1.safetensors"]
+
+
+def test_an_old_version_file_is_rewritten_in_place_only_when_no_reader_holds_it(tmp_path):
+    from safetensors.torch import load_file
+
+    from raypost.serve import weights
+
+    def state(v: float) -> dict[str, torch.Tensor]:
+        return {"w": torch.full((64, 64), v), "h": torch.full((7,), v).to(torch.bfloat16)}
+
+    files = weights.VersionFiles(tmp_path)
+    inode = {v: files.publish(v, state(v)).stat().st_ino for v in (1, 2)}
+    # Version 3 takes version 1's file (no reader holds it): the same inode, its own bytes.
+    path3 = files.publish(3, state(3))
+    assert path3.stat().st_ino == inode[1]
+    assert all(torch.equal(t, state(3)[k]) for k, t in load_file(str(path3)).items())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v2.safetensors", "v3.safetensors"]
+    # A reader holds version 2 (as an engine worker does while it loads): version 4 leaves its
+    # bytes alone and writes a new file; the reader still reads version 2.
+    with weights.reading(tmp_path / "v2.safetensors") as held:
+        path4 = files.publish(4, {"w": torch.full((128, 64), 4.0), "h": state(4)["h"]})
+        inode[4] = path4.stat().st_ino
+        assert inode[4] != inode[2] and not (tmp_path / "v2.safetensors").exists()
+        assert all(torch.equal(t, state(2)[k]) for k, t in load_file(held).items())
+    assert load_file(str(path4))["w"].shape == (128, 64) and load_file(str(path4))["w"].eq(4).all()
+    # A file taken for a newer version is not read as its old one: the reader is told it is gone.
+    files.publish(5, state(5))  # takes version 3's file
+    with pytest.raises(FileNotFoundError):
+        with weights.reading(path3):
+            pass
+    from raypost.serve.vllm_ext import _tensors  # the engine worker's reader holds the file as it reads
+
+    assert {k: v.eq(5).all().item() for k, v in _tensors(str(tmp_path / "v5.safetensors"))} == {"w": True, "h": True}
+    # Version 6 takes version 4's larger file and shrinks it. The writer maps only the files that
+    # exist (a mapping of a deleted one would keep its memory), and none after close.
+    path6 = files.publish(6, state(6))
+    assert path6.stat().st_ino == inode[4]
+    assert path6.stat().st_size == (tmp_path / "v5.safetensors").stat().st_size
+    assert all(torch.equal(t, state(6)[k]) for k, t in load_file(str(path6)).items())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v5.safetensors", "v6.safetensors"]
+    assert _mapped_under(tmp_path) == {str(tmp_path / "v5.safetensors"), str(path6)}
+    files.close()
+    assert _mapped_under(tmp_path) == set()
+
+
+def _mapped_under(folder: Path) -> set[str]:
+    """The files under ``folder`` this process maps (a deleted one shows as '<path> (deleted)')."""
+    lines = Path("/proc/self/maps").read_text().splitlines()
+    return {line.split(maxsplit=5)[5] for line in lines if str(folder) in line}
 
 
 def test_a_push_reads_the_weights_in_buckets_of_at_most_the_bucket_size(tiny_model):

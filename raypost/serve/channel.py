@@ -144,12 +144,22 @@ class BoardChannel(WeightChannel):
 class ShmChannel(BoardChannel):
     transport = "shm"
 
+    def __init__(self, weights_dir: str) -> None:
+        super().__init__(weights_dir)
+        self._files: weights.VersionFiles | None = None  # learner: the version files it writes
+
     def publish_stream(self, version: int, specs: Sequence[weights.Spec],
                        buckets: Iterable[Mapping[str, torch.Tensor]]) -> None:
         import ray
 
-        path = weights.write_stream(self.weights_dir, version, specs, buckets)
+        self._files = self._files or weights.VersionFiles(self.weights_dir)
+        path = self._files.write(version, specs, buckets)
         ray.get(self._created_board().put.remote(version, [str(path)]))
+
+    def stop_serving(self) -> None:
+        if self._files is not None:
+            self._files.close()
+            self._files = None
 
     async def fetch(self, have: int) -> tuple[int, dict[str, Any] | None]:
         for _ in range(2):  # a file pruned since the board was read: two newer versions were published

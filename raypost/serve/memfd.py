@@ -49,24 +49,40 @@ class SharedWeights:
         self.version: int | None = None
         self.meta: list[tuple[str, str, list[int], int, int]] = []
         self.size = 0
+        self._map: mmap.mmap | None = None  # the replica's writable mapping, kept across versions
+        self._buf = torch.empty(0, dtype=torch.uint8)  # a view of it
 
     def write(self, version: int, specs: Sequence[Spec], arrays: Iterable[Any]) -> None:
         """``arrays``: each tensor's bytes (anything with the buffer protocol), in ``specs``' order."""
         self.version = None  # until the whole version is in
         meta, size = layout(specs)
         if size != self.size:
-            os.ftruncate(self.fd, size)
-            self.size = size
+            self._resize(size)
         count = 0
         for (name, _, _, offset, n), data in zip(meta, arrays):
-            view = memoryview(data).cast("B")
-            if len(view) != n:
-                raise ValueError(f"weight {name}: {len(view)} bytes, its spec says {n}")
-            _write_all(self.fd, view, offset)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # a read-only source (a pulled object) is only read
+                src = torch.frombuffer(memoryview(data).cast("B"), dtype=torch.uint8) if n else self._buf[:0]
+            if src.numel() != n:
+                raise ValueError(f"weight {name}: {src.numel()} bytes, its spec says {n}")
+            self._buf[offset:offset + n].copy_(src)
             count += 1
         if count != len(meta):
             raise ValueError(f"weight version {version} ended before its last tensor ({count} of {len(meta)})")
         self.version, self.meta = version, meta
+
+    def _resize(self, size: int) -> None:
+        """Size the memfd and map it writable: copies into the mapping are plain memcpys (``pwrite``
+        into shared memory took 2.6x one, page by page through the page cache)."""
+        self._buf = torch.empty(0, dtype=torch.uint8)
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        os.ftruncate(self.fd, size)
+        self.size = size
+        if size:
+            self._map = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            self._buf = torch.frombuffer(self._map, dtype=torch.uint8)
 
     def source(self) -> dict[str, Any]:
         """What a worker's ``tensors`` takes."""
@@ -76,15 +92,12 @@ class SharedWeights:
 
     def close(self) -> None:
         if self.fd >= 0:
+            self._buf = torch.empty(0, dtype=torch.uint8)
+            if self._map is not None:
+                self._map.close()
+                self._map = None
             os.close(self.fd)
             self.fd = -1
-
-
-def _write_all(fd: int, view: memoryview, offset: int) -> None:
-    """pwrite until every byte is written (one call writes at most ~2 GiB)."""
-    done = 0
-    while done < len(view):
-        done += os.pwrite(fd, view[done:], offset + done)
 
 
 def tensors(source: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:

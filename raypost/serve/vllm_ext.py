@@ -13,9 +13,13 @@ from typing import Any, Iterable, Iterator
 
 
 def _tensors(path: str) -> Iterator:
+    """Each tensor of a pushed file, with the file held until the last is read (the learner
+    rewrites an old version's file only when no reader holds it)."""
     from safetensors import safe_open
 
-    with safe_open(path, framework="pt") as f:
+    from raypost.serve.weights import reading
+
+    with reading(path) as held, safe_open(held, framework="pt") as f:
         for name in f.keys():
             yield name, f.get_tensor(name)
 
