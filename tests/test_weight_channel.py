@@ -112,6 +112,35 @@ def test_a_receiver_that_never_joins_fails_only_its_own_transfer():
         server.stop()
 
 
+def test_the_weight_server_refills_an_old_buffer_only_when_no_transfer_sends_it():
+    from raypost.serve.collective import WeightServer, receive, request
+    from raypost.serve.weights import specs_of
+
+    def state(v: int) -> dict[str, torch.Tensor]:
+        return {"w": torch.full((1000,), float(v)), "h": torch.full((3,), float(v)).to(torch.bfloat16)}
+
+    server = WeightServer("127.0.0.1", timeout_s=3.0)
+    buf = {}
+    try:
+        for v in (1, 2, 3):
+            server.offer(v, specs_of(state(v)), [state(v)])
+            buf[v] = server._offer["buf"].data_ptr()
+        assert buf[3] == buf[1] != buf[2]  # nothing sent version 1: its buffer holds version 3
+        # A transfer of version 3 is in flight (its worker never joins; the server gives up after
+        # 3 s). request() returns once the server has started it. Versions 4 and 5 leave its buffer alone.
+        request(server.address, workers=1)
+        for v in (4, 5):
+            server.offer(v, specs_of(state(v)), [state(v)])
+            buf[v] = server._offer["buf"].data_ptr()
+        assert buf[4] == buf[2] and buf[3] not in (buf[4], buf[5])
+        src = request(server.address, workers=1)  # served after the failed transfer
+        got = dict(receive(src, 0))
+        assert src["version"] == 5 and all(torch.equal(got[k], t) for k, t in state(5).items())
+        assert [(r["version"], "error" in r) for r in server.sent] == [(3, True), (5, False)]
+    finally:
+        server.stop()
+
+
 def test_a_streamed_file_is_the_safetensors_file_of_its_buckets_or_nothing(tmp_path):
     from safetensors import safe_open
 
