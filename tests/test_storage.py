@@ -1,7 +1,8 @@
 """Runs stored at a URI (``run.storage_path: s3://...``; ``raypost.utils.storage``), against a real
 S3 endpoint on 127.0.0.1 (moto_server, started and stopped by this module): the working copy
 maps back to its URI, the mirror leaves checkpoints to Ray Train (and fetches only their HF
-exports), and an SFT run stored in S3 resumes on a machine that has none of its files."""
+exports), and an SFT run stored in S3 whose driver is killed resumes exactly (step and data
+position) on a machine that has none of its files."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from raypost.utils.local_head import free_port
-from tests.conftest import TINY, run_pipeline
+from tests.conftest import ROOT, run_pipeline
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
@@ -98,42 +99,71 @@ def test_the_mirror_leaves_checkpoints_to_ray_and_fetches_their_exports(s3, monk
     assert (fresh / "metrics.jsonl").read_text() == "{}\n{}\n"
 
 
-def sft(address: str, uri: str, steps: int) -> str:
-    args = ["--run.storage_path", uri, "--run.name", "s", "--run.wandb_mode", "disabled", "--train.max_steps", str(steps),
-            "--run.checkpoint_every", "2", "--run.log_every", "1", "--data.synthetic.num_train", "200",
-            "--data.synthetic.num_eval", "8", "--data.max_seq_len", "96", "--optim.micro_batch_size", "4",
-            "--eval.max_new_tokens", "8", "--resources.num_workers", "1", "--resources.cpus_per_worker", "1",
-            *[a for k, v in TINY.items() for a in (f"--model.tiny.{k}", str(v))]]
-    proc = run_pipeline("sft.py", args, address, timeout=900)
-    return proc.stdout + proc.stderr
+def snapshot_steps(s3fs, prefix: str) -> list[int]:
+    """Steps of the checkpoints Ray Train has recorded in the bucket (what a re-run resumes from)."""
+    try:
+        with s3fs.open_input_stream(f"{prefix}/checkpoint_manager_snapshot.json") as f:
+            return [c["metrics"]["step"] for c in json.loads(f.read())["checkpoint_results"]]
+    except (OSError, json.JSONDecodeError, KeyError):
+        return []  # not written yet, or being written
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_an_sft_run_stored_in_s3_resumes_on_a_machine_without_its_files(s3, ray_cluster, tmp_path, monkeypatch):
-    """The first run keeps everything in the bucket: Ray Train's checkpoints (written by the
-    worker), metrics and report (mirrored). A second run of the same name, with more steps, from
-    an empty working copy (another machine), resumes at the last checkpoint from the bucket and
-    trains only the new steps; its records continue the first run's."""
+@pytest.mark.timeout(1500)
+def test_an_sft_run_in_s3_resumes_after_its_driver_is_killed_on_a_machine_without_its_files(
+        s3, ray_cluster, tmp_path, monkeypatch):
+    """The driver is killed after a checkpoint. The same command, on a machine with none of the
+    run's files, resumes from the bucket at the right step and data position: every step is trained
+    once in the end, the steps replayed after the checkpoint see the same examples as before, and
+    no example is seen twice. The bucket holds everything: Ray Train's checkpoints (written by the
+    workers), the metrics and sample records (mirrored at each checkpoint) and the report."""
     from raypost.utils import storage
+    from tests.test_sft import read_jsonl, small_args
 
     uri = f"s3://runs/team?{s3['query']}"
+    # The default tiny shape: steps slow enough that the kill lands mid-run. ZeRO-2 on 2 workers.
+    args = small_args(tmp_path, "s", 2, steps=16, every=4, tiny=False)
+    args[args.index("--run.storage_path") + 1] = uri
     monkeypatch.setenv("RAYPOST_STORAGE_CACHE", str(tmp_path / "machine-a"))  # the driver's working copies
-    sft(ray_cluster, uri, steps=4)
+    env = {**os.environ, "RAY_ADDRESS": ray_cluster, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token"),
+           "WANDB_MODE": "disabled"}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "pipelines" / "sft.py"), *args], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 400
+    try:
+        while not any(step >= 4 for step in snapshot_steps(s3["fs"], "runs/team/s")):
+            assert proc.poll() is None, "driver ended before the kill"
+            assert time.time() < deadline, "no checkpoint at step >= 4 recorded in the bucket within 400 s"
+            time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # only the driver we started
+        proc.wait()
+    before = read_jsonl(storage.working_copy(uri) / "s" / "trained_samples.jsonl")
+    assert before and before[-1]["step"] < 16
     stored = keys(s3["fs"], "runs/team/s")
-    assert {"metrics.jsonl", "report.json", "loss.png", "config.yaml"} <= stored
-    ckpts = {k.split("/")[0] for k in stored if k.startswith("checkpoint_") and "/" in k}  # steps 2 and 4
-    assert len(ckpts) == 2 and sum(f"{c}/hf/model.safetensors" in stored for c in ckpts) == 1
-    # The driver's working copy holds the final checkpoint's export (downloaded) and the report.
-    local = storage.working_copy(uri).relative_to(storage.cache_root())
-    assert list((tmp_path / "machine-a" / local / "s").glob("checkpoint_*/hf/model.safetensors"))
+    assert {"metrics.jsonl", "trained_samples.jsonl", "config.yaml"} <= stored and "report.json" not in stored
+
     monkeypatch.setenv("RAYPOST_STORAGE_CACHE", str(tmp_path / "machine-b"))  # a machine without the run's files
-    out = sft(ray_cluster, uri, steps=6)
-    assert "resumed at step 4" in out
-    monkeypatch.setenv("RAYPOST_STORAGE_CACHE", str(tmp_path / "machine-c"))
+    out = run_pipeline("sft.py", args, ray_cluster, timeout=900)
+    assert "resumed at step" in out.stdout + out.stderr
+    # The driver's working copy holds the final checkpoint's export (downloaded) and the report.
+    local = storage.working_copy(uri) / "s"
+    assert list(local.glob("checkpoint_*/hf/model.safetensors")) and (local / "report.json").is_file()
+    stored = keys(s3["fs"], "runs/team/s")
+    assert {"metrics.jsonl", "report.json", "loss.png"} <= stored
+    assert any(k.startswith("checkpoint_") and k.endswith("/hf/model.safetensors") for k in stored)
+
+    monkeypatch.setenv("RAYPOST_STORAGE_CACHE", str(tmp_path / "machine-c"))  # the records, as the bucket holds them
     run = storage.working_copy(uri) / "s"
     storage.pull(run, exports=False)
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    steps = [r["step"] for r in rows if "loss" in r]
-    assert steps == sorted(set(steps)) and steps[-1] == 6 and 1 in steps, steps
-    assert json.loads((run / "report.json").read_text())["steps"] == 6
+    rows = read_jsonl(run / "trained_samples.jsonl")
+    # The log is rewound to the checkpoint on resume: it lists every step once, as the final
+    # model learned it; steps replayed after the checkpoint saw the same examples as before.
+    assert [r["step"] for r in rows] == list(range(1, 17))
+    for old in before:
+        assert rows[old["step"] - 1]["ids"] == old["ids"], f"step {old['step']} saw other data on resume"
+    all_ids = [i for r in rows for i in r["ids"]]
+    assert len(all_ids) == len(set(all_ids)), "an example was trained twice"
+    steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl") if r.get("phase") == "sft" and "loss" in r]
+    assert steps == sorted(set(steps)) and steps[-1] == 16, "metrics of discarded steps were kept"
+    assert json.loads((run / "report.json").read_text())["steps"] == 16

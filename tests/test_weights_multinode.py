@@ -43,6 +43,7 @@ def drive(head: LocalHead, model: Path, weights_dir: str, log: Path, transport: 
         finally:
             if proc.poll() is None:
                 proc.kill()
+            (log.parent / "steps.json").write_text(json.dumps(steps, indent=1))  # with each step's time
     return steps
 
 

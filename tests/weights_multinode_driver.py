@@ -22,8 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 REPLICA_CLASS = "ServeReplica:rollout:RolloutServer"
 
 
+START = time.monotonic()
+
+
 def say(**fields: Any) -> None:
-    print(json.dumps(fields), flush=True)
+    print(json.dumps({**fields, "t": round(time.monotonic() - START, 1)}), flush=True)
 
 
 def replica_nodes() -> dict[str, str]:
