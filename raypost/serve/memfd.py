@@ -60,12 +60,13 @@ class SharedWeights:
             self._resize(size)
         count = 0
         for (name, _, _, offset, n), data in zip(meta, arrays):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)  # a read-only source (a pulled object) is only read
-                src = torch.frombuffer(memoryview(data).cast("B"), dtype=torch.uint8) if n else self._buf[:0]
-            if src.numel() != n:
-                raise ValueError(f"weight {name}: {src.numel()} bytes, its spec says {n}")
-            self._buf[offset:offset + n].copy_(src)
+            view = memoryview(data).cast("B")
+            if len(view) != n:
+                raise ValueError(f"weight {name}: {len(view)} bytes, its spec says {n}")
+            if n:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)  # a read-only source (a pulled object) is only read
+                    self._buf[offset:offset + n].copy_(torch.frombuffer(view, dtype=torch.uint8))
             count += 1
         if count != len(meta):
             raise ValueError(f"weight version {version} ended before its last tensor ({count} of {len(meta)})")
