@@ -178,8 +178,10 @@ def reading(path: str | Path) -> Iterator[str]:
     fd = os.open(path, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH)
+        held = os.fstat(fd)
         try:
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            named = os.stat(path)
+            same = (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
         except FileNotFoundError:
             same = False
         if not same:
