@@ -201,6 +201,36 @@ def test_hash_split_is_disjoint(ray_cluster, tmp_path):
     assert not a & b and len(a) + len(b) == 400 and 40 < len(b) < 120
 
 
+def _late_block(batch: dict, late: int) -> dict:
+    """A map over range(400) in 4 blocks whose block ``late`` finishes last (a busy node)."""
+    import time
+
+    if batch["id"][0] == 100 * late:
+        time.sleep(1.5)
+    return batch
+
+
+def test_the_prompt_order_does_not_depend_on_which_block_finished_first(ray_cluster):
+    """A resumed run skips a cursor's worth of its seeded prompt order, rebuilt from freshly
+    prepared rows: that order must not depend on which block of the preparation finished first."""
+    import ray
+
+    from raypost.data import preprocess
+    from raypost.utils.cluster import configure_ray_data
+
+    configure_ray_data()
+
+    def order(late: int) -> list[int]:
+        prepared = ray.data.range(400, override_num_blocks=4).map_batches(
+            _late_block, fn_kwargs={"late": late}, batch_format="numpy").materialize()
+        assert [r["id"] for r in prepared.iter_rows()] == list(range(400))
+        return [r["id"] for r in preprocess.epoch_order(prepared, 2, seed=0).iter_rows()]
+
+    first = order(late=0)
+    assert sorted(first[:400]) == sorted(first[400:]) == list(range(400)) and first[:400] != first[400:]
+    assert order(late=3) == first
+
+
 def test_parquet_source(ray_cluster, tmp_path):
     from raypost.data import preprocess
 

@@ -119,7 +119,10 @@ def epoch_order(good: ray.data.Dataset, epochs: int, seed: int) -> ray.data.Data
     """All epochs in one deterministic order, each its own seeded shuffle. Learners resume
     from a cursor into this order, so it must not change between runs of the same config."""
     per_epoch = [good.random_shuffle(seed=seed + e) for e in range(epochs)]
-    return per_epoch[0].union(*per_epoch[1:]) if epochs > 1 else per_epoch[0]
+    if epochs == 1:
+        return per_epoch[0]
+    # One epoch after the other: Dataset.union would interleave the epochs' blocks (round-robin).
+    return ray.data.from_arrow_refs([ref for epoch in per_epoch for ref in epoch.to_arrow_refs()])
 
 
 def sft_rows(good: ray.data.Dataset, cfg: DataConfig, epochs: int, seed: int) -> ray.data.Dataset:
