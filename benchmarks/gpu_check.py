@@ -104,11 +104,11 @@ def check_zero3_push(ctx: dict[str, Any]) -> dict[str, Any]:
 
     from raypost.config import DeepSpeedConfig, OptimConfig
     from raypost.models.hf import load_causal_lm
-    from raypost.train.engine import deepspeed_config
+    from raypost.train.engine import deepspeed_config, init_distributed
     from raypost.train.sync import weight_buckets
 
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    deepspeed.init_distributed(dist_backend="nccl" if ctx["device"] == "cuda" else "gloo", auto_mpi_discovery=False)
+    init_distributed("nccl" if ctx["device"] == "cuda" else "gloo", auto_mpi_discovery=False)
     model = load_causal_lm(str(ctx["model"]), "fp32")
     want = {k: v.clone() for k, v in model.state_dict().items()}
     config = deepspeed_config(DeepSpeedConfig(zero_stage=3), OptimConfig(micro_batch_size=1), 1)

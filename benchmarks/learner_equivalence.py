@@ -202,17 +202,17 @@ def run_case(name: str, zero: int, micro: int, path: str, rank: int, world: int)
 
 def equivalence_loop(config: dict[str, Any]) -> None:
     """Ray Train entry: config = {model_path, out_dir, zeros, micro, cases}."""
-    import deepspeed
     import ray.train
 
     import raypost
+    from raypost.train.engine import init_distributed
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     if rank == 0:  # which code the workers ran (the benchmark can be pointed at another checkout)
         (Path(config["out_dir"]) / f"w{world}-raypost.txt").write_text(str(Path(raypost.__file__).parent))
     torch.set_num_threads(1)
-    deepspeed.init_distributed(dist_backend="gloo")
+    init_distributed("gloo")
     for zero in config["zeros"]:
         for name in config["cases"]:
             grads = run_case(name, zero, config["micro"], config["model_path"], rank, world)

@@ -71,13 +71,13 @@ def push_once(config: dict[str, Any]) -> None:
     from raypost.config import DeepSpeedConfig, OptimConfig
     from raypost.models.hf import load_causal_lm
     from raypost.serve.channel import channel
-    from raypost.train.engine import deepspeed_config
+    from raypost.train.engine import deepspeed_config, init_distributed
     from raypost.train.sync import push_weights
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(1)
-    deepspeed.init_distributed(dist_backend="gloo")
+    init_distributed("gloo")
     model = load_causal_lm(config["model"])
     model_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     ds = deepspeed_config(DeepSpeedConfig(zero_stage=3), OptimConfig(micro_batch_size=1), world)

@@ -78,14 +78,22 @@ def prebuild_comm_op() -> None:
         builder.load()
 
 
+def init_distributed(backend: str | None = None, **kwargs: Any) -> None:
+    """``deepspeed.init_distributed`` (gloo on CPU, NCCL on GPU), loading DeepSpeed's shm op
+    from this venv's extension cache (``extensions_in_this_env``)."""
+    import deepspeed
+
+    extensions_in_this_env()
+    deepspeed.init_distributed(dist_backend=backend or ("nccl" if torch.cuda.is_available() else "gloo"), **kwargs)
+
+
 def build_engine(model: torch.nn.Module, optim: OptimConfig, ds: DeepSpeedConfig, total_steps: int,
                  world_size: int) -> Any:
     """deepspeed.initialize with torch AdamW and a transformers LR schedule (stepped by DeepSpeed)."""
     import deepspeed
     from transformers import get_scheduler
 
-    extensions_in_this_env()  # before init_distributed, which loads the shm op
-    deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
+    init_distributed()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
     name = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}[optim.scheduler]
