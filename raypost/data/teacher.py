@@ -8,11 +8,10 @@ Each row gains ``teacher_ids`` and ``teacher_logprobs``: flat lists of ``len(inp
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -52,18 +51,6 @@ class TeacherTopK:
         return out
 
 
-@contextlib.contextmanager
-def ordered() -> Iterator[None]:
-    """Ray Data keeps block order inside this block (learners resume from a row cursor)."""
-    ctx = ray.data.DataContext.get_current()
-    before = ctx.execution_options.preserve_order
-    ctx.execution_options.preserve_order = True
-    try:
-        yield
-    finally:
-        ctx.execution_options.preserve_order = before
-
-
 @dataclass(frozen=True)
 class TeacherSignal:
     """What the offline-KD learner needs from the teacher, and how the pass is run."""
@@ -82,13 +69,12 @@ class TeacherSignal:
         """``rows`` with teacher columns, in the same order (materialized)."""
         if self.cache is not None and "rows" in self.cache:
             return self.cache["rows"]
-        with ordered():
-            annotated = rows.map_batches(
-                TeacherTopK, batch_format="pandas", batch_size=self.batch_size, num_cpus=self.cpus,
-                runtime_env=jemalloc_env(), **actor_pool(),
-                fn_constructor_kwargs={"model_path": self.model_path, "top_k": self.top_k,
-                                       "precision": self.precision,
-                                       "threads": max(1, int(self.cpus))}).materialize()
+        annotated = rows.map_batches(  # in order: Ray Data keeps block order (configure_ray_data)
+            TeacherTopK, batch_format="pandas", batch_size=self.batch_size, num_cpus=self.cpus,
+            runtime_env=jemalloc_env(), **actor_pool(),
+            fn_constructor_kwargs={"model_path": self.model_path, "top_k": self.top_k,
+                                   "precision": self.precision,
+                                   "threads": max(1, int(self.cpus))}).materialize()
         if self.cache is not None:
             self.cache["rows"] = annotated
         return annotated

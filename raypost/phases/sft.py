@@ -10,7 +10,7 @@ from typing import Any
 
 from raypost.config import SFTConfig
 from raypost.data import preprocess
-from raypost.data.teacher import TeacherSignal, ordered
+from raypost.data.teacher import TeacherSignal
 from raypost.eval import heldout_accuracy
 from raypost.phases.data import PreparedData
 from raypost.train import checkpointing
@@ -54,8 +54,7 @@ def run_sft(cfg: SFTConfig, model_path: str, data: PreparedData, run_dir: Path,
     pass_info: dict[str, Any] = {}
     if teacher is not None:  # the teacher annotates only the rows the run will train on
         used = total * cfg.optim.micro_batch_size * cfg.optim.grad_accum * cfg.resources.num_workers
-        with ordered():
-            rows = rows.limit(used).materialize()
+        rows = rows.limit(used).materialize()
         rows, pass_info = _teacher_pass(teacher, rows, run_dir)
     eval_rows = preprocess.sft_rows(data.eval, cfg.data.model_copy(update={"pack": False}), 1, cfg.run.seed)
     log.info("sft: %d packed rows, %d steps on %d workers", rows.count(), total, cfg.resources.num_workers)
