@@ -1,8 +1,9 @@
 """Runs stored at a URI (``run.storage_path: s3://...``; ``raypost.utils.storage``), against a real
 S3 endpoint on 127.0.0.1 (moto_server, started and stopped by this module): the working copy
 maps back to its URI, the mirror leaves checkpoints to Ray Train (and fetches only their HF
-exports), and an SFT run stored in S3 whose driver is killed resumes exactly (step and data
-position) on a machine that has none of its files."""
+exports), a checkpoint is reported only once its records are in the bucket, and an SFT run
+stored in S3 whose driver is killed resumes exactly (step and data position) on a machine that
+has none of its files."""
 
 from __future__ import annotations
 
@@ -99,6 +100,45 @@ def test_the_mirror_leaves_checkpoints_to_ray_and_fetches_their_exports(s3, monk
     assert (fresh / "metrics.jsonl").read_text() == "{}\n{}\n"
 
 
+class _SavingEngine:
+    """Stands in for a DeepSpeed engine: ``save_checkpoint`` writes one file."""
+
+    def save_checkpoint(self, folder, tag, client_state):
+        (Path(folder) / tag).mkdir(parents=True)
+        (Path(folder) / tag / "states.pt").write_text(json.dumps(client_state))
+
+
+def test_a_checkpoint_is_reported_only_after_its_records_are_in_the_bucket(s3, monkeypatch, tmp_path):
+    """Once Ray Train records a checkpoint, the metrics and sample records of every step up to it
+    are already at the URI: a driver killed the moment the checkpoint is recorded loses none."""
+    import ray.train
+
+    from raypost.train import checkpointing
+    from raypost.utils import storage
+
+    monkeypatch.setenv("RAYPOST_STORAGE_CACHE", str(tmp_path))
+    run = storage.working_copy(f"s3://runs/order?{s3['query']}") / "r"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 4}\n')
+    checkpointing.log_trained(run, 4, ["a", "b"])
+    seen: dict[str, set[str]] = {}
+
+    def report(metrics, checkpoint):
+        seen["bucket"] = keys(s3["fs"], "runs/order/r")
+        folder = Path(checkpoint.path)
+        seen["checkpoint"] = {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
+
+    monkeypatch.setattr(ray.train, "report", report)
+    state = checkpointing.ControllerState(step=4, cursor=8)
+    checkpointing.save_and_report(_SavingEngine(), state, {"step": 4}, rank=0, run_dir=run)
+    assert seen["bucket"] == {"metrics.jsonl", checkpointing.SAMPLES_FILE}
+    assert seen["checkpoint"] == {f"{checkpointing.DS_TAG}/states.pt", checkpointing.STATE_FILE,
+                                  checkpointing.METRICS_FILE}
+    seen.clear()
+    checkpointing.save_and_report(_SavingEngine(), state, {"step": 4}, rank=1, run_dir=run)
+    assert seen["checkpoint"] == {f"{checkpointing.DS_TAG}/states.pt"}  # only rank 0 adds the state and mirrors
+
+
 def snapshot_steps(s3fs, prefix: str) -> list[int]:
     """Steps of the checkpoints Ray Train has recorded in the bucket (what a re-run resumes from)."""
     try:
@@ -141,7 +181,8 @@ def test_an_sft_run_in_s3_resumes_after_its_driver_is_killed_on_a_machine_withou
     before = read_jsonl(storage.working_copy(uri) / "s" / "trained_samples.jsonl")
     assert before and before[-1]["step"] < 16
     stored = keys(s3["fs"], "runs/team/s")
-    # Mirrored by learner rank 0 at the checkpoint; the driver's own files (config, report) come at the end.
+    # Mirrored by learner rank 0 before it reports the checkpoint; the driver's own files
+    # (config, report) come at the end.
     assert {"metrics.jsonl", "trained_samples.jsonl"} <= stored and "report.json" not in stored
 
     monkeypatch.setenv("RAYPOST_STORAGE_CACHE", str(tmp_path / "machine-b"))  # a machine without the run's files

@@ -47,7 +47,11 @@ def save_and_report(engine: Any, state: ControllerState, metrics: dict[str, Any]
                     hf_export: Any = None, run_dir: str | Path | None = None) -> None:
     """Every rank saves its DeepSpeed shard; rank 0 adds the controller state (and an HF
     export when ``hf_export`` is a callable taking a folder). Ray merges the folders. For a run
-    stored at a URI, rank 0 then mirrors ``run_dir`` (its metrics and records) there."""
+    stored at a URI, rank 0 first mirrors ``run_dir`` (its metrics and records) there: once Ray
+    has recorded the checkpoint, the records of every step up to it are in the bucket. A kill
+    between the two leaves lines of later steps there, which the resumed run drops (``rewind_logs``)."""
+    if rank == 0 and run_dir is not None:
+        storage.push(run_dir)
     with tempfile.TemporaryDirectory(prefix="raypost-ckpt-") as tmp:
         engine.save_checkpoint(tmp, tag=DS_TAG, client_state={"controller": state.to_dict()})
         if hf_export is not None:
@@ -56,8 +60,6 @@ def save_and_report(engine: Any, state: ControllerState, metrics: dict[str, Any]
             (Path(tmp) / STATE_FILE).write_text(json.dumps(state.to_dict()))
             (Path(tmp) / METRICS_FILE).write_text(json.dumps(metrics, default=str))
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp))
-    if rank == 0 and run_dir is not None:
-        storage.push(run_dir)
 
 
 def restore(engine: Any, start_from: str | None = None) -> ControllerState:
