@@ -1,4 +1,4 @@
-"""The GPU paths of a learner and a replica, checked in one script (issue 21): under 8 minutes on one GPU.
+"""The GPU paths of the learners and a replica, checked in one script: under 8 minutes on one GPU.
 
 For a session lent a GPU machine: run it there, and the README's GPU status line changes from
 "not yet run on a GPU" to what it measured. Each check is skipped, with its reason, when this
@@ -11,10 +11,16 @@ machine cannot run it (no GPU, a package missing, one GPU where two are needed):
 2. zero3_push: a one-rank ZeRO-3 DeepSpeed engine on the device; ``weight_buckets`` gathers it in
    small buckets: the pushed weights equal the model's, and on a GPU the device's peak memory
    during the push stays under the model plus two buckets.
-3. replica_push: the rollout Serve app with its vLLM engine on the device, weights pushed through
+3. learner_steps: SFT, GRPO, on-policy distillation and the reward model each take two steps with
+   their own step function on the engine ``build_learner`` makes, under the process group Ray
+   Train makes on the workers (NCCL alone on a GPU): finite losses, weights moved
+   (``benchmarks/gpu_learners.py``). Needs only torch, transformers, DeepSpeed and pydantic.
+4. learner_mfu (GPU only): the GRPO step's tokens/s and MFU on the Qwen2.5-0.5B shape, beside a
+   bare PyTorch step on the same batch and precision.
+5. replica_push: the rollout Serve app with its vLLM engine on the device, weights pushed through
    the object_store channel (Ray's object store, then a memfd that the engine's worker process
    maps): greedy tokens equal transformers' on the pushed weights, log-probs within 1e-2.
-4. collective_nccl: the collective transport's NCCL path, learner rank 0 on GPU 0 and a receiver on
+6. collective_nccl: the collective transport's NCCL path, learner rank 0 on GPU 0 and a receiver on
    GPU 1 (NCCL cannot put two ranks on one GPU): every tensor arrives intact.
 
     python benchmarks/gpu_check.py                  # the device: cuda when there is one
@@ -38,6 +44,8 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.gpu_learners import check_learner_mfu, check_learner_steps, process_group  # noqa: E402
+
 
 def missing(*modules: str) -> str | None:
     gone = [m for m in modules if importlib.util.find_spec(m) is None]
@@ -60,6 +68,7 @@ def grpo_step(model_path: Path, device: str, precision: str) -> tuple[float, dic
 
     from raypost.algos import KL_ESTIMATORS, POLICY_LOSSES, BatchCounts, LossParams
     from raypost.models.hf import load_causal_lm
+    from raypost.rl.records import Sequence
     from raypost.rl.tensors import collate, loss_tokens, token_logprobs, trim_to_completions
     from raypost.train.batches import to_device
 
@@ -68,8 +77,8 @@ def grpo_step(model_path: Path, device: str, precision: str) -> tuple[float, dic
     ref = load_causal_lm(str(model_path), precision).to(device).eval()
     g = torch.Generator().manual_seed(1)
     vocab = policy.config.vocab_size
-    rows = [{"ids": torch.randint(5, vocab, (6 + 3 * i,), generator=g).tolist(), "start": 4, "adv": 1.0 - i,
-             "old": [-1.0] * (2 + 3 * i), "train": True} for i in range(3)]
+    rows = [Sequence(ids=torch.randint(5, vocab, (6 + 3 * i,), generator=g).tolist(), start=4, adv=1.0 - i,
+                     old=[-1.0] * (2 + 3 * i), sample_id=f"{i}#0") for i in range(3)]
     b, keep = trim_to_completions(to_device(collate(rows, 0), torch.device(device)))
     logits = policy(input_ids=b["input_ids"], attention_mask=b["attention_mask"], logits_to_keep=keep).logits
     logp, _ = token_logprobs(logits, b["targets"], 1.0)
@@ -107,8 +116,8 @@ def check_zero3_push(ctx: dict[str, Any]) -> dict[str, Any]:
     from raypost.train.engine import deepspeed_config, init_distributed
     from raypost.train.sync import weight_buckets
 
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    init_distributed("nccl" if ctx["device"] == "cuda" else "gloo", auto_mpi_discovery=False)
+    process_group(ctx)
+    init_distributed()
     model = load_causal_lm(str(ctx["model"]), "fp32")
     want = {k: v.clone() for k, v in model.state_dict().items()}
     config = deepspeed_config(DeepSpeedConfig(zero_stage=3), OptimConfig(micro_batch_size=1), 1)
@@ -228,6 +237,8 @@ def free_port() -> int:
 CHECKS: dict[str, tuple[Callable[[dict[str, Any]], dict[str, Any]], Callable[[dict[str, Any]], str | None]]] = {
     "learner_on_device": (check_learner_on_device, lambda ctx: missing("transformers")),
     "zero3_push": (check_zero3_push, lambda ctx: missing("deepspeed")),
+    "learner_steps": (check_learner_steps, lambda ctx: missing("deepspeed", "pydantic")),
+    "learner_mfu": (check_learner_mfu, lambda ctx: missing("deepspeed") or (None if ctx["gpus"] else "needs a GPU")),
     "replica_push": (check_replica_push, lambda ctx: missing("ray", "vllm")),
     "collective_nccl": (check_collective_nccl, lambda ctx: "needs 2 GPUs" if ctx["gpus"] < 2 else None),
 }

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from raypost.data.tokenize import IGNORE_INDEX  # noqa: E402
+from raypost.rl.records import Sequence  # noqa: E402
 
 GLOBAL_BATCH = 8
 LR = 1.0
@@ -66,7 +67,7 @@ def sft_rows(vocab: int, teacher: bool = False) -> list[dict[str, Any]]:
     return rows
 
 
-def rl_rows(vocab: int, teacher: bool = False) -> list[dict[str, Any]]:
+def rl_rows(vocab: int, teacher: bool = False) -> list[Sequence]:
     """GRPO / on-policy sequences: prompt + completion, behaviour log-probs, advantages; row 7
     is masked out of the loss (an overlong-filtered sample). Every 5th behaviour log-prob is far
     below the policy's (about -6.2 on this vocabulary), so its importance weight passes the cap
@@ -75,12 +76,12 @@ def rl_rows(vocab: int, teacher: bool = False) -> list[dict[str, Any]]:
     rows = []
     for i, (p, c) in enumerate(zip(PROMPTS, LENGTHS)):
         old = [-8.0 if j % 5 == 4 else -6.2 + rng.uniform(-0.3, 0.3) for j in range(c)]
-        row = {"ids": _ids(rng, p + c, vocab), "start": p, "old": old,
-               "adv": rng.uniform(-1.5, 1.5), "train": i != 7, "version": 0, "sample_id": f"{i}#0"}
+        row = Sequence(ids=_ids(rng, p + c, vocab), start=p, old=old, sample_id=f"{i}#0",
+                       adv=rng.uniform(-1.5, 1.5), train=i != 7)
         if teacher:
-            row.update(teacher=[-rng.uniform(1.0, 8.0) for _ in range(c)],
-                       top_ids=[rng.randrange(4, vocab) for _ in range(c * K)],
-                       top_logprobs=sorted((-rng.uniform(0.1, 6.0) for _ in range(c * K)), reverse=True))
+            row.teacher = [-rng.uniform(1.0, 8.0) for _ in range(c)]
+            row.top_ids = [rng.randrange(4, vocab) for _ in range(c * K)]
+            row.top_logprobs = sorted((-rng.uniform(0.1, 6.0) for _ in range(c * K)), reverse=True)
         rows.append(row)
     return rows
 
@@ -95,7 +96,7 @@ def rm_rows(vocab: int) -> list[dict[str, Any]]:
 def _sft(objective_kd: dict | None) -> Callable:
     def step(engine: Any, rows: list, micro: int, pad: int, world: int, path: str) -> None:
         from raypost.train.objectives import objective_for
-        from raypost.train.sft_loop import train_step
+        from raypost.train.steps.sft import train_step
 
         train_step(engine, rows, pad, micro, objective_for(objective_kd))
 
@@ -106,7 +107,7 @@ def _grpo(loss: str, beta: float = 0.0, correction: str = "tis") -> Callable:
     def step(engine: Any, rows: list, micro: int, pad: int, world: int, path: str) -> None:
         from raypost.config.grpo import GRPOConfig
         from raypost.models.hf import load_causal_lm
-        from raypost.train.grpo_loop import _learn
+        from raypost.train.steps.grpo import learn
 
         cfg = GRPOConfig.model_validate({
             "algo": {"loss": loss, "beta": beta, "kl_estimator": "k3", "group_size": 4, "prompts_per_step": 2,
@@ -114,7 +115,7 @@ def _grpo(loss: str, beta: float = 0.0, correction: str = "tis") -> Callable:
             "async_rl": {"correction": correction}, "optim": {"micro_batch_size": micro},
             "resources": {"num_workers": world, "cpus_per_worker": 0.5}})
         ref = load_causal_lm(path).eval() if beta > 0 else None
-        _learn(engine, ref, rows, cfg, pad)
+        learn(engine, ref, rows, cfg, pad)
 
     return step
 
@@ -122,7 +123,7 @@ def _grpo(loss: str, beta: float = 0.0, correction: str = "tis") -> Callable:
 def _on_policy(loss: str) -> Callable:
     def step(engine: Any, rows: list, micro: int, pad: int, world: int, path: str) -> None:
         from raypost.config.distill import DistillConfig
-        from raypost.train.onpolicy_loop import learn
+        from raypost.train.steps.onpolicy import learn
 
         cfg = DistillConfig.model_validate({
             "distill": {"mode": "on_policy", "on_policy_loss": loss, "top_k": K, "divergence": "jsd",
@@ -135,7 +136,7 @@ def _on_policy(loss: str) -> Callable:
 
 def _rm(engine: Any, rows: list, micro: int, pad: int, world: int, path: str) -> None:
     from raypost.config.reward_model import RewardModelConfig
-    from raypost.train.rm_loop import train_step
+    from raypost.train.steps.rm import train_step
 
     cfg = RewardModelConfig.model_validate({"optim": {"micro_batch_size": micro},
                                             "train": {"margin": 0.5, "center_coef": 0.1}})

@@ -71,6 +71,7 @@ def push_once(config: dict[str, Any]) -> None:
     from raypost.config import DeepSpeedConfig, OptimConfig
     from raypost.models.hf import load_causal_lm
     from raypost.serve.channel import channel
+    from raypost.train.collectives import barrier
     from raypost.train.engine import deepspeed_config, init_distributed
     from raypost.train.sync import push_weights
 
@@ -84,7 +85,7 @@ def push_once(config: dict[str, Any]) -> None:
     engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.0), config=ds)
     del model
     chan = channel("shm", config["weights_dir"])
-    torch.distributed.barrier()
+    barrier()
     with PeakSampler() as peak:
         t0 = time.perf_counter()
         if config["way"] == "streamed":
@@ -95,7 +96,7 @@ def push_once(config: dict[str, Any]) -> None:
                 tied = engine.module.config.tie_word_embeddings
                 chan.publish(1, {k: v for k, v in state.items() if not (tied and k == "lm_head.weight")})
             del state
-            torch.distributed.barrier()
+            barrier()
         seconds = time.perf_counter() - t0
     if rank == 0:
         Path(config["report"]).write_text(json.dumps({"way": config["way"], "push_s": seconds,

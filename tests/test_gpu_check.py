@@ -1,7 +1,8 @@
 """benchmarks/gpu_check.py, the script a session lent a GPU runs, run here on the CPU: each check
 that this machine can run passes (a GRPO step with the reference model, a ZeRO-3 push in
-buckets, a push to a vLLM replica on Serve), and the one it cannot (NCCL between two GPUs) is
-skipped with its reason. So the script is known to work before a GPU session spends time on it.
+buckets, two real steps of every learner on the engine ``build_learner`` makes, a push to a
+vLLM replica on Serve), and the ones it cannot (the MFU on the Qwen2.5-0.5B shape, NCCL between
+two GPUs) are skipped with their reasons. So the script is known to work before a GPU session spends time on it.
 (The replica check joins the session's Ray cluster here; on a GPU machine it starts its own.)"""
 
 from __future__ import annotations
@@ -28,4 +29,9 @@ def test_gpu_check_passes_on_the_cpu(ray_cluster, tmp_path):
     assert learner["ok"] and learner["devices"] == ["cpu"] and learner["grad_rel_err"] < 1e-4
     assert zero3["ok"] and zero3["same_weights"] and zero3["tensors"] > 10
     assert replica["ok"] and replica["greedy_tokens_equal"] and replica["max_logprob_diff"] < 1e-2
+    steps = checks["learner_steps"]
+    assert steps["ok"] and set(steps["learners"]) == {"sft", "offline_kd", "grpo", "on_policy", "reward_model"}
+    for name, learner in steps["learners"].items():
+        assert learner["device"] == "cpu" and learner["weights_moved"] > 0, name
+    assert checks["learner_mfu"] == {"ok": None, "skipped": "needs a GPU", "seconds": 0.0}
     assert checks["collective_nccl"] == {"ok": None, "skipped": "needs 2 GPUs", "seconds": 0.0}

@@ -14,6 +14,7 @@ from raypost.config.grpo import AlgoConfig
 from raypost.rl import groups as G
 from raypost.rl.controller import RolloutController, StalenessAdmission
 from raypost.rl.producer import RolloutProducer
+from raypost.rl.records import Sequence
 from raypost.rl.tensors import collate, loss_tokens, token_logprobs, trim_to_completions
 from raypost.serve.rollout_client import RolloutClient
 
@@ -22,9 +23,9 @@ PAD = 0
 
 # -- collate: targets, masks and behaviour log-probs line up ----------------------------------
 def test_collate_aligns_targets_mask_and_behaviour_logprobs():
-    short = {"ids": [5, 6, 7, 8, 9], "start": 3, "old": [-0.8, -0.9], "adv": 1.5, "train": True, "stale": 1}
-    long = {"ids": [5, 6, 10, 11, 12, 13, 14], "start": 2, "old": [-0.1, -0.2, -0.3, -0.4, -0.5], "adv": -1.0,
-            "train": True}
+    short = Sequence(ids=[5, 6, 7, 8, 9], start=3, old=[-0.8, -0.9], sample_id="a#0", adv=1.5, stale=1)
+    long = Sequence(ids=[5, 6, 10, 11, 12, 13, 14], start=2, old=[-0.1, -0.2, -0.3, -0.4, -0.5], sample_id="b#0",
+                    adv=-1.0)
     b = collate([short, long], PAD)
     assert b["input_ids"].tolist() == [[5, 6, 7, 8, 9, PAD, PAD], [5, 6, 10, 11, 12, 13, 14]]
     assert b["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 0, 0], [1] * 7]
@@ -35,14 +36,14 @@ def test_collate_aligns_targets_mask_and_behaviour_logprobs():
     picked = b["targets"][b["mask"] > 0].tolist()
     assert picked == [8, 9, 10, 11, 12, 13, 14]  # exactly the completions, in order
     assert b["adv"].tolist() == [1.5, -1.0]
-    assert b["fresh"].tolist() == [0.0, 1.0]  # short is one version old; a row without "stale" is current
+    assert b["fresh"].tolist() == [0.0, 1.0]  # short is one version old; a row of stale 0 is current
     assert loss_tokens([short, long]) == int(b["mask"].sum()) == 7
 
 
 def test_collate_masks_filtered_and_empty_completions_and_truncates_extra_logprobs():
-    filtered = {"ids": [5, 6, 7], "start": 1, "old": [-1.0, -2.0], "adv": 1.0, "train": False}
-    empty = {"ids": [5, 6], "start": 2, "old": [], "adv": 0.0, "train": True}
-    extra = {"ids": [5, 6, 7, 8], "start": 3, "old": [-0.5, -9.0], "adv": 0.0, "train": True}  # one too many
+    filtered = Sequence(ids=[5, 6, 7], start=1, old=[-1.0, -2.0], sample_id="a#0", adv=1.0, train=False)
+    empty = Sequence(ids=[5, 6], start=2, old=[], sample_id="a#1")
+    extra = Sequence(ids=[5, 6, 7, 8], start=3, old=[-0.5, -9.0], sample_id="a#2")  # one log-prob too many
     b = collate([filtered, empty, extra], PAD)
     assert b["mask"].tolist() == [[0, 0, 0], [0, 0, 0], [0, 0, 1]]
     assert b["old_logp"][2].tolist() == [0, 0, -0.5]
@@ -346,8 +347,8 @@ def test_logits_of_completion_positions_only_give_the_same_logprobs_and_gradient
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2))
-    rows = [{"ids": list(range(1, 1 + p + c)), "start": p, "old": [-1.0] * c, "adv": 1.0, "train": True}
-            for p, c in [(7, 3), (5, 4), (9, 2)]]
+    rows = [Sequence(ids=list(range(1, 1 + p + c)), start=p, old=[-1.0] * c, sample_id=f"{i}#0", adv=1.0)
+            for i, (p, c) in enumerate([(7, 3), (5, 4), (9, 2)])]
     full = collate(rows, pad_id=0)
     trimmed, keep = trim_to_completions(full)
     first = 5 - 1  # the shortest prompt's last token predicts the first completion token

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from raypost.config.grpo import GRPOConfig
+from raypost.rl.records import Sequence
 from raypost.train import checkpointing, sampled
 
 
@@ -45,7 +46,7 @@ def sampler(rec: Recorder, steps: int, fail_at: int | None = None) -> sampled.Sa
     def take(state):
         rec.events.append(("take", state.weight_version))
         state.cursor += 4
-        return [{"ids": [1, 2, 3], "start": 1, "sample_id": f"p{state.cursor}#0"}], {"generate_s": 0.5}
+        return [Sequence(ids=[1, 2, 3], start=1, old=[-1.0, -1.0], sample_id=f"p{state.cursor}#0")], {"generate_s": 0.5}
 
     def learn(rows):
         if fail_at is not None and len([e for e in rec.events if e[0] == "learn"]) + 1 == fail_at:
@@ -55,7 +56,7 @@ def sampler(rec: Recorder, steps: int, fail_at: int | None = None) -> sampled.Sa
 
     return sampled.Sampler(
         phase="grpo", label="grpo", steps=steps, shown=("loss",), take=take, learn=learn,
-        extra=lambda seqs, m, step_s: {"tokens": float(len(seqs[0]["ids"]))},
+        extra=lambda seqs, m, step_s: {"tokens": float(len(seqs[0].ids))},
         start=lambda: rec.events.append(("start",)), advance=lambda v: rec.events.append(("advance", v)),
         stop=lambda: rec.events.append(("stop",)))
 

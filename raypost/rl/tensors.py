@@ -7,48 +7,50 @@ the logits at position t.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Iterable
 
 import torch
 
+from raypost.rl.records import Sequence
 
-def sequences(groups: Sequence[Any], adv: torch.Tensor) -> list[dict[str, Any]]:
-    """One dict per sample: ids, completion start, behaviour logprobs, advantage, version."""
+
+def sequences(groups: Iterable[Any], adv: torch.Tensor) -> list[Sequence]:
+    """One ``Sequence`` per sample of the scored groups; ``adv``: [groups, G] advantages."""
     out = []
     for gi, g in enumerate(groups):
         for si, s in enumerate(g.samples):
-            out.append({"ids": g.prompt_ids + s.completion_ids, "start": len(g.prompt_ids),
-                        "old": s.logprobs, "adv": float(adv[gi, si]), "train": s.train_mask,
-                        "version": s.version, "sample_id": f"{g.row_id}#{si}"})
+            out.append(Sequence(ids=g.prompt_ids + s.completion_ids, start=len(g.prompt_ids), old=s.logprobs,
+                                sample_id=f"{g.row_id}#{si}", adv=float(adv[gi, si]), train=s.train_mask,
+                                version=s.version))
     return out
 
 
-def loss_tokens(rows: Sequence[dict[str, Any]]) -> int:
+def loss_tokens(rows: Iterable[Sequence]) -> int:
     """Completion tokens that ``collate`` puts in the loss mask of these rows."""
-    return sum(len(r["ids"]) - r["start"] for r in rows if r["train"] and len(r["ids"]) > r["start"])
+    return sum(r.loss_tokens for r in rows)
 
 
-def collate(rows: Sequence[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
+def collate(rows: list[Sequence], pad_id: int) -> dict[str, torch.Tensor]:
     """input_ids/attention_mask [N, T]; targets/mask/old_logp [N, T-1]; adv [N]; fresh [N]: 1 for a
-    sample of the learner's current weight version (``stale`` 0 or absent), else 0."""
-    t = max(len(r["ids"]) for r in rows)
+    sample of the learner's current weight version (``stale`` 0), else 0."""
+    t = max(len(r.ids) for r in rows)
     n = len(rows)
     ids = torch.full((n, t), pad_id, dtype=torch.long)
     attn = torch.zeros((n, t), dtype=torch.long)
     mask = torch.zeros((n, t - 1))
     old = torch.zeros((n, t - 1))
     for i, r in enumerate(rows):
-        L, s = len(r["ids"]), r["start"]
-        ids[i, :L] = torch.tensor(r["ids"])
+        L, s = len(r.ids), r.start
+        ids[i, :L] = torch.tensor(r.ids)
         attn[i, :L] = 1
         c = L - s  # completion tokens, targets at indices s-1 .. L-2
-        if c > 0 and r["train"]:
+        if r.loss_tokens:
             mask[i, s - 1:L - 1] = 1.0
-        behaviour = r["old"][:c]  # one log-prob per completion token
+        behaviour = r.old[:c]  # one log-prob per completion token
         old[i, s - 1:s - 1 + len(behaviour)] = torch.tensor(behaviour, dtype=torch.float32)
     return {"input_ids": ids, "attention_mask": attn, "targets": ids[:, 1:], "mask": mask, "old_logp": old,
-            "adv": torch.tensor([r["adv"] for r in rows], dtype=torch.float32),
-            "fresh": torch.tensor([float(r.get("stale", 0) == 0) for r in rows])}
+            "adv": torch.tensor([r.adv for r in rows], dtype=torch.float32),
+            "fresh": torch.tensor([float(r.stale == 0) for r in rows])}
 
 
 def trim_to_completions(batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:

@@ -44,11 +44,11 @@ def buckets_of(meta: list[tuple[str, str, list[int], int, int]], bucket_bytes: i
     (a larger tensor is a bucket of its own). ``meta`` is ``channel.pack``'s, in buffer order."""
     out: list[tuple[int, int]] = []
     lo = hi = 0
-    for *_, offset, nbytes in meta:
-        if hi > lo and offset + nbytes - lo > bucket_bytes:
+    for *_, offset, size in meta:
+        if hi > lo and offset + size - lo > bucket_bytes:
             out.append((lo, hi))
             lo = offset
-        hi = offset + nbytes
+        hi = offset + size
     if hi > lo:
         out.append((lo, hi))
     return out

@@ -115,16 +115,6 @@ def set_hyperparams(engine: Any, optim: OptimConfig) -> None:
     sched._last_lr = [g["lr"] for g in sched.optimizer.param_groups]
 
 
-def all_sum(*values: float) -> list[float]:
-    """``values`` summed over every rank (float64); the values themselves without a process group."""
-    import torch.distributed as dist
-
-    t = torch.tensor(values, dtype=torch.float64)
-    if dist.is_initialized():
-        dist.all_reduce(t)
-    return t.tolist()
-
-
 def backward_share(engine: Any, loss: torch.Tensor) -> None:
     """Backward of one micro-batch's share of a loss normalized over the global batch.
 
@@ -154,24 +144,18 @@ def full_state_dict(engine: Any, zero_stage: int) -> dict[str, torch.Tensor] | N
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
-def setup_learner(cfg: Any, model_path: str, optim: OptimConfig, total_steps: int,
-                  load: Callable[[str, Any, str], torch.nn.Module] = prepare_model) -> tuple[int, int, Any, Any]:
-    """Inside a Ray Train worker: logging, threads, seed, tokenizer and the DeepSpeed engine.
+def build_learner(cfg: Any, model_path: str, optim: OptimConfig, total_steps: int, world: int, local_world: int,
+                  load: Callable[[str, Any, str], torch.nn.Module] = prepare_model, rank: int = 0) -> tuple[Any, Any]:
+    """Threads, seed, tokenizer and the DeepSpeed engine of one learner rank, under the process
+    group already set up (Ray Train's, or any ``torch.distributed`` group: no Ray needed).
 
     ``cfg`` is a pipeline config with model/deepspeed/resources/run sections; ``load(path,
     cfg.model, precision)`` builds the model (default: the causal LM with LoRA/checkpointing).
-    Returns (rank, world size, tokenizer, engine).
-    """
-    import ray.train
-
+    Returns (tokenizer, engine)."""
     from raypost.models.hf import load_tokenizer
-    from raypost.utils.logs import setup_logging
 
-    setup_logging()
     t0 = time.perf_counter()
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    set_threads(cfg.resources, ctx.get_local_world_size())
+    set_threads(cfg.resources, local_world)
     torch.manual_seed(cfg.run.seed)
     tokenizer = load_tokenizer(model_path)
     model = load(model_path, cfg.model, cfg.deepspeed.precision)
@@ -180,4 +164,20 @@ def setup_learner(cfg: Any, model_path: str, optim: OptimConfig, total_steps: in
     if rank == 0:
         log.info("learner ready: model loaded in %.1fs, DeepSpeed engine (ZeRO-%d, %d ranks) in %.1fs",
                  t1 - t0, cfg.deepspeed.zero_stage, world, time.perf_counter() - t1)
+    return tokenizer, engine
+
+
+def setup_learner(cfg: Any, model_path: str, optim: OptimConfig, total_steps: int,
+                  load: Callable[[str, Any, str], torch.nn.Module] = prepare_model) -> tuple[int, int, Any, Any]:
+    """Inside a Ray Train worker: logging, then ``build_learner`` with the worker's ranks.
+    Returns (rank, world size, tokenizer, engine)."""
+    import ray.train
+
+    from raypost.utils.logs import setup_logging
+
+    setup_logging()
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    tokenizer, engine = build_learner(cfg, model_path, optim, total_steps, world, ctx.get_local_world_size(), load,
+                                      rank)
     return rank, world, tokenizer, engine

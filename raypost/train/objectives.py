@@ -34,7 +34,7 @@ class TeacherKD:
         mask = kd_mask(batch, self.params.positions)
         student = logits[:, :-1][mask]
         ids, logp = batch["teacher_ids"][:, :-1][mask], batch["teacher_logprobs"][:, :-1][mask]
-        kd_sum, n, metrics = kd_loss(student, ids, logp, torch.ones(len(student)), self.params)
+        kd_sum, n, metrics = kd_loss(student, ids, logp, torch.ones(len(student), device=student.device), self.params)
         w = self.params.kd_weight
         if w == 1.0:
             return kd_sum, n, metrics

@@ -16,20 +16,14 @@ import torch
 
 from raypost.config import SFTConfig
 from raypost.train import checkpointing
-from raypost.train.batches import collate, micro_batches, rank_slice, to_device
-from raypost.train.engine import all_sum, backward_share, set_hyperparams, setup_learner
-from raypost.train.objectives import Objective, cross_entropy, objective_for, objective_tokens
-from raypost.utils.metrics import MetricsLogger, Progress
+from raypost.train.batches import collate, rank_slice
+from raypost.train.collectives import all_sum
+from raypost.train.engine import set_hyperparams, setup_learner
+from raypost.train.loop import Learner, Worker, run_learner, take_from
+from raypost.train.objectives import objective_for
+from raypost.train.steps.sft import forward_loss, train_step
 
 log = logging.getLogger("raypost.sft")
-
-
-def _forward_loss(engine: Any, batch: dict[str, torch.Tensor],
-                  objective: Objective = cross_entropy) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-    batch = to_device(batch, engine.device)
-    out = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                 position_ids=batch["position_ids"], use_cache=False)
-    return objective(out.logits, batch)
 
 
 def eval_loss(engine: Any, pad_id: int, rank: int, world: int, mb: int) -> float:
@@ -44,32 +38,31 @@ def eval_loss(engine: Any, pad_id: int, rank: int, world: int, mb: int) -> float
             rows = rank_slice(batch, rank, world)
             if not rows:
                 continue
-            s, n, _ = _forward_loss(engine, collate(rows, pad_id))
+            s, n, _ = forward_loss(engine, collate(rows, pad_id))
             loss_sum, count = loss_sum + s.item(), count + n.item()
     engine.train()
     loss_sum, count = all_sum(loss_sum, count)
     return loss_sum / max(count, 1.0)
 
 
-def train_step(engine: Any, rows: list[dict[str, Any]], pad_id: int, micro: int,
-               objective: Objective = cross_entropy) -> tuple[float, int, dict[str, float]]:
-    """One optimizer step over this rank's rows of the global batch.
+class _Window:
+    """Tokens and steps since the last progress line: its tokens/s and seconds a step."""
 
-    The loss is the objective's sum over supervised tokens divided by the supervised tokens of
-    the whole global batch (all ranks), so it is the global token mean however the batch is
-    split. Returns (this rank's share of that loss: the shares add up to it over ranks, real
-    tokens seen, the objective's metrics averaged over micro-batches)."""
-    (norm,) = all_sum(float(objective_tokens(objective, rows)))
-    share, tokens, extra, count = 0.0, 0, {}, 0
-    for mb in micro_batches(rows, micro):
-        s, _, metrics = _forward_loss(engine, collate(mb, pad_id), objective)
-        loss = s / max(norm, 1.0)
-        backward_share(engine, loss)
-        engine.step()
-        share += loss.item()
-        tokens += sum(len(r["input_ids"]) for r in mb)
-        extra, count = {k: extra.get(k, 0.0) + v for k, v in metrics.items()}, count + 1
-    return share, tokens, {k: v / max(1, count) for k, v in extra.items()}
+    def __init__(self) -> None:
+        self.tokens, self.steps, self.t0 = 0.0, 0, time.time()
+
+    def add(self, tokens: float) -> None:
+        self.tokens, self.steps = self.tokens + tokens, self.steps + 1
+
+    def flush(self) -> dict[str, float]:
+        dt = time.time() - self.t0
+        out = {"tokens_per_s": self.tokens / max(dt, 1e-9), "step_s": dt / max(1, self.steps)}
+        self.tokens, self.steps, self.t0 = 0.0, 0, time.time()
+        return out
+
+
+def _packed_ids(index: int, batch: dict[str, Any]) -> list[str]:
+    return [i for packed in batch["sample_ids"] for i in str(packed).split(",")]  # "id1,id2,..." per packed row
 
 
 def sft_loop(config: dict[str, Any]) -> None:
@@ -84,50 +77,33 @@ def sft_loop(config: dict[str, Any]) -> None:
     state = checkpointing.restore(engine, config.get("start_from"))
     set_hyperparams(engine, cfg.optim)
     stop_at = min(total, int(config.get("stop_at") or total))
-    if rank == 0:
-        checkpointing.rewind_on_start(config["run_dir"], state, "sft")
-    logger = MetricsLogger(config["run_dir"], rank == 0, cfg.run.wandb_mode, run_name=cfg.run.name,
-                           config=config["cfg"])
-    progress = Progress(total, state.step, "sft")
-    global_batch = cfg.optim.micro_batch_size * cfg.optim.grad_accum * world
+    pad, micro, every = tokenizer.pad_token_id, cfg.optim.micro_batch_size, cfg.train.eval_every
+    window = _Window()
     shard = ray.train.get_dataset_shard("train")
-    window_tokens, window_steps, window_t0, metrics = 0.0, 0, time.time(), {}
-    for index, batch in enumerate(shard.iter_batches(batch_size=global_batch, batch_format="numpy", drop_last=True)):
-        if index == 0 and rank == 0:
-            log.info("first batch after %.1fs of data start-up", time.time() - window_t0)
-        if index < state.cursor:
-            continue  # consumed before the last checkpoint
-        if state.step >= total:
-            break
-        loss, tokens, extra = train_step(engine, rank_slice(batch, rank, world), tokenizer.pad_token_id,
-                                         cfg.optim.micro_batch_size, objective)
-        state.step, state.cursor = state.step + 1, index + 1
+    batches = shard.iter_batches(batch_size=micro * cfg.optim.grad_accum * world, batch_format="numpy",
+                                 drop_last=True)
+
+    def started() -> None:
         if rank == 0:
-            # packed rows carry "id1,id2,...": log every example
-            ids = [i for packed in batch["sample_ids"] for i in str(packed).split(",")]
-            checkpointing.log_trained(config["run_dir"], state.step, ids)
-        window_tokens, window_steps = window_tokens + tokens, window_steps + 1
-        last = state.step >= total
-        logged = state.step % cfg.run.log_every == 0 or last
-        if logged:
-            loss_g, tok_g = all_sum(loss, window_tokens)
-            dt = time.time() - window_t0
-            metrics = {"phase": "sft", "loss": loss_g, "tokens_per_s": tok_g / max(dt, 1e-9),
-                       "step_s": dt / window_steps, "lr": engine.get_lr()[0], **extra}  # extra: rank 0's objective
-            window_tokens, window_steps, window_t0 = 0.0, 0, time.time()
-        if cfg.train.eval_loss and (last or (cfg.train.eval_every and state.step % cfg.train.eval_every == 0)):
-            # its own cadence: a checkpoint's report carries the eval loss even between log lines
-            metrics["eval_loss"] = eval_loss(engine, tokenizer.pad_token_id, rank, world, cfg.optim.micro_batch_size)
-            if not logged:
-                logger.log({"phase": "sft", "eval_loss": metrics["eval_loss"]}, state.step)
-        if logged:
-            logger.log(metrics, state.step)
-            if rank == 0:
-                log.info(progress.line(state.step, {k: v for k, v in metrics.items() if k != "phase"}))
-        if last or state.step == stop_at or state.step % cfg.run.checkpoint_every == 0:
-            exporter = checkpointing.hf_exporter(engine, cfg.deepspeed.zero_stage, tokenizer, rank) if last else None
-            checkpointing.save_and_report(engine, state, {"step": state.step, **metrics}, rank, exporter,
-                                          config["run_dir"])
-        if last or state.step >= stop_at:
-            break
-    logger.finish()
+            log.info("first batch after %.1fs of data start-up", time.time() - window.t0)
+
+    def learn(rows: list[dict[str, Any]]) -> dict[str, float]:
+        share, tokens, extra = train_step(engine, rows, pad, micro, objective)
+        loss, tokens = all_sum(share, tokens)
+        window.add(tokens)
+        return {"loss": loss, "lr": engine.get_lr()[0], **extra}  # extra: rank 0's objective metrics
+
+    def after(st: checkpointing.ControllerState, metrics: dict[str, float], t0: float) -> dict[str, float]:
+        last = st.step >= total
+        out = window.flush() if last or st.step % cfg.run.log_every == 0 else {}
+        if cfg.train.eval_loss and (last or (every and st.step % every == 0)):
+            out["eval_loss"] = eval_loss(engine, pad, rank, world, micro)
+        return out
+
+    learner = Learner(phase="sft", label="sft", steps=total, take=take_from(batches, state, rank, world, _packed_ids,
+                                                                            started),
+                      learn=learn, after=after, every_step=False, always=("eval_loss",),
+                      shown=("loss", "kd", "ce", "eval_loss", "tokens_per_s", "step_s", "lr"),
+                      stop_at=stop_at if stop_at < total else None)
+    run_learner(learner, Worker(rank=rank, engine=engine, tokenizer=tokenizer, zero_stage=cfg.deepspeed.zero_stage,
+                                run_dir=config["run_dir"], run=cfg.run, config=config["cfg"]), state)

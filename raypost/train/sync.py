@@ -11,13 +11,7 @@ import torch.distributed as dist
 
 from raypost.serve.channel import WeightChannel
 from raypost.serve.weights import Spec, specs_of
-
-
-def broadcast_from_rank0(obj: Any, rank: int) -> Any:
-    box = [obj if rank == 0 else None]
-    if dist.is_initialized():
-        dist.broadcast_object_list(box, src=0)
-    return box[0]
+from raypost.train.collectives import barrier
 
 
 def push_weights(engine: Any, zero_stage: int, version: int, chan: WeightChannel, rank: int,
@@ -31,8 +25,7 @@ def push_weights(engine: Any, zero_stage: int, version: int, chan: WeightChannel
     else:
         for _ in buckets:  # this rank's part of each bucket's gather
             pass
-    if dist.is_initialized():
-        dist.barrier()
+    barrier()
     return time.perf_counter() - t0
 
 
