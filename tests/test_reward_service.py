@@ -52,6 +52,20 @@ def test_scores_weighted_sum(reward_url):
     assert out["rewards"] == [1.5, 0.5, 0.0]
 
 
+def test_concurrent_unlabelled_requests_leave_labelled_ones_their_rewards(reward_url):
+    """Requests that arrive together are merged into one ``serve.batch``; an unlabelled one
+    used to strip the label-based rewards from every item of the batch (1.5 scored as 0.5)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    labelled = {"prompts": ["q"], "completions": ["#### 4"], "labels": ["4"]}
+    unlabelled = {"prompts": ["q"], "completions": ["#### 4"], "rewards": ["format"]}
+    bodies = [labelled if i % 2 else unlabelled for i in range(32)]
+    with ThreadPoolExecutor(16) as pool:
+        got = list(pool.map(lambda b: post(f"{reward_url}/reward/v1/rewards", b), bodies))
+    assert all(r.status_code == 200 for r in got), [r.text for r in got if r.status_code != 200][:2]
+    assert [r.json()["rewards"] for r in got] == [[1.5] if i % 2 else [0.5] for i in range(32)]
+
+
 def test_reward_subset_by_name(reward_url):
     r = post(f"{reward_url}/reward/v1/rewards", {"prompts": ["q"], "completions": ["#### 3"], "rewards": ["format"]})
     assert r.status_code == 200 and r.json()["rewards"] == [0.5]

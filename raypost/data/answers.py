@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import re
 
-_HASH = re.compile(r"####\s*(.+?)\s*$", re.MULTILINE)
+# Linear time on any text (a model that degenerates into whitespace writes exactly the inputs
+# that made the former patterns quadratic and cubic): no two adjacent quantifiers can match the
+# same characters, and the line's trailing whitespace is stripped in Python, not by the pattern.
+_HASH = re.compile(r"####\s*([^\n]*)")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 _CALC = re.compile(r"<<[^>]*>>")
 
@@ -23,7 +26,8 @@ def normalize_number(text: str) -> str | None:
 
 def final_segment(solution: str) -> str | None:
     """The raw text after the last ``####`` in a GSM8K-style solution (stripped); else None."""
-    found = _HASH.findall(solution)
+    found = [seg.strip() for seg in _HASH.findall(solution)]
+    found = [seg for seg in found if seg]
     return found[-1] if found else None
 
 
@@ -33,7 +37,7 @@ def final_answer(solution: str) -> str | None:
     return None if segment is None else normalize_number(segment)
 
 
-_ANSWER_IS = re.compile(r"answer\s*(?:is|:|=)\s*:?\s*\$?\s*(-?\d[\d,]*(?:\.\d+)?)", re.IGNORECASE)
+_ANSWER_IS = re.compile(r"answer\s*(?:is|:|=)[\s:$]*(-?\d[\d,]*(?:\.\d+)?)", re.IGNORECASE)
 EXTRACTIONS = ("strict", "flexible")
 
 

@@ -75,3 +75,29 @@ def combine(rewards: Sequence[WeightedReward], prompts: Sequence[Any], completio
             if v is not None:
                 total[i] += r.weight * v
     return total, per_name
+
+
+def score_items(rewards: Sequence[WeightedReward], needs_labels: set[str],
+                items: Sequence[tuple[str, str, str | None]]) -> list[Any]:
+    """Scores of (prompt, completion, label or None) items that concurrent requests sent and
+    ``serve.batch`` merged: per item ``{"reward", "scores"}``, or the ``RewardFunctionError`` of its
+    group. Labelled and unlabelled items are scored as two groups, so an unlabelled request
+    never takes the label-based rewards from another request's items (labelled items get every
+    reward; unlabelled ones the rewards that need no labels)."""
+    out: list[Any] = [None] * len(items)
+    for labelled in (True, False):
+        idx = [i for i, item in enumerate(items) if (item[2] is not None) == labelled]
+        if not idx:
+            continue
+        labels = [items[i][2] for i in idx]
+        columns = {"answer": labels, "solution": labels} if labelled else {}
+        active = [r for r in rewards if labelled or r.name not in needs_labels]
+        try:
+            total, per_name = combine(active, [items[i][0] for i in idx], [items[i][1] for i in idx], columns)
+        except RewardFunctionError as err:
+            for i in idx:
+                out[i] = err
+            continue
+        for j, i in enumerate(idx):
+            out[i] = {"reward": total[j], "scores": {k: v[j] for k, v in per_name.items()}}
+    return out

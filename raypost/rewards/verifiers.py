@@ -7,12 +7,15 @@ reward functions plug into raypost.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
 from raypost.data.answers import canonical_answer, extract_answer
+from raypost.rewards.symbolic import SymbolicChecker
 
 _FORMAT = re.compile(r"####\s*-?\d[\d,]*(?:\.\d+)?\s*$")
+_PLAIN = re.compile(r"-?\d+(?:\.\d+)?")  # a number as ``canonical_answer`` normalizes it
 
 
 def _text(completion: Any) -> str:
@@ -33,12 +36,16 @@ def answers_match(completion: str, gold: str, extract: str = "strict") -> bool:
     pred, gold_n = canonical_answer(segment), canonical_answer(str(gold))
     if pred == gold_n:
         return True
-    try:
-        from math_verify import parse, verify
+    if _PLAIN.fullmatch(pred) and _PLAIN.fullmatch(gold_n):
+        return float(pred) == float(gold_n)  # two plain numbers: no symbolic form to compare
+    return bool(symbolic_checker().equal(gold_n, pred))  # None (timed out, failed): no match
 
-        return bool(verify(parse(gold_n), parse(pred)))
-    except Exception:  # math-verify could not parse either side: not a match
-        return False
+
+@functools.lru_cache(maxsize=1)
+def symbolic_checker() -> SymbolicChecker:
+    """This process's math-verify checker (its worker process is spawned on first use off the
+    main thread)."""
+    return SymbolicChecker()
 
 
 def accuracy_reward(prompts: list[Any], completions: list[Any], answer: list[str], extract: str = "strict",

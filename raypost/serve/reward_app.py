@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from ray import serve
 
 from raypost.config.serve import RewardServiceConfig
-from raypost.rewards.compose import RewardFunctionError, WeightedReward, combine, resolve
+from raypost.rewards.compose import RewardFunctionError, WeightedReward, resolve, score_items
 from raypost.serve.schemas import OpenRLHFRequest, RewardRequest, describe
 
 api = FastAPI(title="raypost reward service")
@@ -51,15 +51,8 @@ class RewardService:
     # ---- scoring (shared by HTTP and handle callers) -------------------------------------
     @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.005)
     async def _batch(self, items: list[tuple[str, str, str | None]]) -> list[Any]:
-        """Score concurrent items together; an error is returned per item, not raised."""
-        prompts, completions, labels = zip(*items)
-        columns = {} if any(lab is None for lab in labels) else {"answer": list(labels), "solution": list(labels)}
-        active = [r for r in self.rewards if columns or r.name not in self.needs_labels]
-        try:
-            total, per_name = combine(active, prompts, completions, columns)
-        except RewardFunctionError as err:
-            return [err] * len(items)
-        return [{"reward": total[i], "scores": {k: v[i] for k, v in per_name.items()}} for i in range(len(items))]
+        """Score concurrent items together (``score_items``); an error is returned per item, not raised."""
+        return score_items(self.rewards, self.needs_labels, items)
 
     async def score(self, prompts: Sequence[str], completions: Sequence[str],
                     labels: Sequence[str] | None = None, names: Sequence[str] | None = None) -> dict[str, Any]:
