@@ -19,12 +19,8 @@ from raypost.rl.records import Sequence
 from raypost.serve.channel import rollout_channel
 from raypost.train import checkpointing
 from raypost.train.collectives import broadcast_from_rank0
-from raypost.train.loop import Learner, Taken, Worker, run_learner
+from raypost.train.loop import Learner, Taken, Worker, _nothing, run_learner
 from raypost.train.sync import push_weights
-
-
-def _nothing(*_: Any) -> None:
-    return None
 
 
 @dataclass
