@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.raypost-installed
 EXTRAS ?= cpu,test
 
-.PHONY: setup redis run test test-fast bench chaos clean-venv
+.PHONY: setup redis run lint test test-fast bench chaos clean-venv
 
 setup: $(STAMP)
 
@@ -46,7 +46,12 @@ redis:
 # overlap it on two cores. TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
-test: setup redis
+# ruff: the lint rules and the formatter of pyproject.toml (`ruff format .` fixes the format).
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: setup redis lint
 	$(PY) -m pytest tests -q -p no:cacheprovider $(XDIST) $(PYTEST_ARGS)
 
 # Everything but the end-to-end runs marked `slow` (pipelines, vLLM replicas, Tune, drills).
@@ -54,14 +59,14 @@ test-fast: setup
 	$(PY) -m pytest tests -q -p no:cacheprovider -m "not slow" $(PYTEST_ARGS)
 
 bench: setup
-	$(PY) benchmarks/sft_throughput.py
-	$(PY) benchmarks/rollout_throughput.py --shape tiny
-	$(PY) benchmarks/rollout_throughput.py --shape 100m --prompts 8 --n 8 --max-tokens 128
-	$(PY) benchmarks/reward_load.py --clients 1 8 16 32 --seconds 30 --replicas 1 2 --autoscale
+	$(PY) -m benchmarks.sft_throughput
+	$(PY) -m benchmarks.rollout_throughput --shape tiny
+	$(PY) -m benchmarks.rollout_throughput --shape 100m --prompts 8 --n 8 --max-tokens 128
+	$(PY) -m benchmarks.reward_load --clients 1 8 16 32 --seconds 30 --replicas 1 2 --autoscale
 
 # Recovery drills (faults injected into real runs); table + benchmarks/out/chaos.json.
 chaos: setup redis
-	$(PY) benchmarks/chaos.py
+	$(PY) -m benchmarks.chaos
 
 clean-venv:
 	rm -rf $(VENV)

@@ -14,7 +14,7 @@ learner wait fraction, producer wait fraction, staleness p50/p99/max, groups dro
 staleness, mean training reward over the last 5 steps, held-out greedy accuracy at step N.
 eta = 0 runs with several seeds to give the seed-to-seed spread the async rows are held to.
 
-    .venv/bin/python benchmarks/async_vs_sync.py [--steps 30] [--sync-seeds 0 1 2] [--async-seeds 0] [--model HF]
+    .venv/bin/python -m benchmarks.async_vs_sync [--steps 30] [--sync-seeds 0 1 2] [--async-seeds 0] [--model HF]
 
 Prints a table and writes benchmarks/out/async_vs_sync.json.
 """
@@ -31,12 +31,20 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import OUT, ROOT, table
 
-from benchmarks.common import OUT, ROOT, table  # noqa: E402
-
-DISAGG = ["--placement", "disaggregated", "--resources.num_workers", "1", "--resources.cpus_per_worker", "1",
-          "--resources.torch_threads", "1", "--optim.micro_batch_size", "16"]
+DISAGG = [
+    "--placement",
+    "disaggregated",
+    "--resources.num_workers",
+    "1",
+    "--resources.cpus_per_worker",
+    "1",
+    "--resources.torch_threads",
+    "1",
+    "--optim.micro_batch_size",
+    "16",
+]
 COLOC = ["--placement", "colocated", "--resources.num_workers", "2", "--optim.micro_batch_size", "8"]
 
 
@@ -44,11 +52,32 @@ def run_variant(name: str, args: argparse.Namespace, extra: list[str], model: st
     out = OUT / "async_vs_sync"
     shutil.rmtree(out / name, ignore_errors=True)
     start = ["--model", model, "--warmup.enabled", "false"] if model else []
-    cmd = [sys.executable, "pipelines/grpo.py", *start, "--run.storage_path", str(out), "--run.name", name,
-           "--run.wandb_mode", "disabled", "--run.checkpoint_every", "1000000", "--algo.steps", str(args.steps),
-           "--algo.prompts_per_step", str(args.prompts), "--algo.group_size", str(args.group_size),
-           "--algo.max_new_tokens", str(args.max_new_tokens), "--data.max_eval_samples", str(args.eval_n),
-           "--rollout.weights_dir", f"/dev/shm/raypost-async-{os.getpid()}-{name}", *extra]
+    cmd = [
+        sys.executable,
+        "pipelines/grpo.py",
+        *start,
+        "--run.storage_path",
+        str(out),
+        "--run.name",
+        name,
+        "--run.wandb_mode",
+        "disabled",
+        "--run.checkpoint_every",
+        "1000000",
+        "--algo.steps",
+        str(args.steps),
+        "--algo.prompts_per_step",
+        str(args.prompts),
+        "--algo.group_size",
+        str(args.group_size),
+        "--algo.max_new_tokens",
+        str(args.max_new_tokens),
+        "--data.max_eval_samples",
+        str(args.eval_n),
+        "--rollout.weights_dir",
+        f"/dev/shm/raypost-async-{os.getpid()}-{name}",
+        *extra,
+    ]
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -60,18 +89,27 @@ def run_variant(name: str, args: argparse.Namespace, extra: list[str], model: st
     total = sum(r["step_s"] for r in steps)
     tokens = sum(r["response_len"] * args.prompts * args.group_size for r in steps)
     warm = run / "warmup_done.json"
-    return {"name": name, "time_to_n_s": total, "trained_tok_s": tokens / total,
-            "step_s_median": statistics.median(r["step_s"] for r in steps),
-            "learner_wait_frac": steps[-1]["learner_wait_frac"], "producer_wait_frac": steps[-1]["producer_wait_frac"],
-            "staleness_p50": statistics.mean(r["staleness_p50"] for r in steps),
-            "staleness_p99": max(r["staleness_p99"] for r in steps),
-            "staleness_max": max(r["staleness_max"] for r in steps), "dropped_stale": steps[-1]["dropped_stale"],
-            "reward_last5": statistics.mean(r["reward_mean"] for r in steps[-5:]),
-            "heldout_after": report["heldout_accuracy_after"], "heldout_before": report["heldout_accuracy_before"],
-            "phase_means": {k: statistics.mean(r[k] for r in steps) for k in ("generate_s", "train_s", "push_s",
-                                                                            "learner_wait_s")},
-            "job_wall_s": time.time() - t0, "cmd": " ".join(cmd[1:]),
-            "warm_model": json.loads(warm.read_text())["model_path"] if warm.is_file() else model}
+    return {
+        "name": name,
+        "time_to_n_s": total,
+        "trained_tok_s": tokens / total,
+        "step_s_median": statistics.median(r["step_s"] for r in steps),
+        "learner_wait_frac": steps[-1]["learner_wait_frac"],
+        "producer_wait_frac": steps[-1]["producer_wait_frac"],
+        "staleness_p50": statistics.mean(r["staleness_p50"] for r in steps),
+        "staleness_p99": max(r["staleness_p99"] for r in steps),
+        "staleness_max": max(r["staleness_max"] for r in steps),
+        "dropped_stale": steps[-1]["dropped_stale"],
+        "reward_last5": statistics.mean(r["reward_mean"] for r in steps[-5:]),
+        "heldout_after": report["heldout_accuracy_after"],
+        "heldout_before": report["heldout_accuracy_before"],
+        "phase_means": {
+            k: statistics.mean(r[k] for r in steps) for k in ("generate_s", "train_s", "push_s", "learner_wait_s")
+        },
+        "job_wall_s": time.time() - t0,
+        "cmd": " ".join(cmd[1:]),
+        "warm_model": json.loads(warm.read_text())["model_path"] if warm.is_file() else model,
+    }
 
 
 def main() -> None:
@@ -85,10 +123,17 @@ def main() -> None:
     ap.add_argument("--async-seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--etas", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--no-coloc", action="store_true", help="skip the colocated eta 0 row")
-    ap.add_argument("--merge", type=Path, default=None, help="an earlier run's JSON whose variants join the table "
-                                                              "(same workload; e.g. to add async seeds)")
-    ap.add_argument("--model", default=None, help="start every variant from this warmed-up HF model "
-                                                  "(default: the first variant's own SFT warm-up)")
+    ap.add_argument(
+        "--merge",
+        type=Path,
+        default=None,
+        help="an earlier run's JSON whose variants join the table (same workload; e.g. to add async seeds)",
+    )
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="start every variant from this warmed-up HF model (default: the first variant's own SFT warm-up)",
+    )
     args = ap.parse_args()
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     disagg_env = {**env, "VLLM_CPU_OMP_THREADS_BIND": "0"}
@@ -115,20 +160,56 @@ def summarize(results: list[dict], args: argparse.Namespace) -> None:
     base = statistics.mean(r["time_to_n_s"] for r in sync)
     spread = (min(r["reward_last5"] for r in sync), max(r["reward_last5"] for r in sync))
     acc_spread = (min(r["heldout_after"] for r in sync), max(r["heldout_after"] for r in sync))
-    rows = [[r["name"], f"{r['time_to_n_s']:.1f}", f"{base / r['time_to_n_s']:.2f}", f"{r['trained_tok_s']:.0f}",
-             f"{r['learner_wait_frac']:.2f}", f"{r['producer_wait_frac']:.2f}",
-             f"{r['staleness_p50']:.2f}/{r['staleness_p99']:.0f}/{r['staleness_max']:.0f}", r["dropped_stale"],
-             f"{r['reward_last5']:.3f}", f"{r['heldout_after']:.3f}"] for r in results]
-    print(table(f"async vs sync GRPO: {args.steps} steps of {args.prompts} prompts x G={args.group_size}, "
-                f"{args.max_new_tokens} new tokens (speedup vs the mean eta=0 disaggregated time)",
-                ["variant", "time to N (s)", "speedup", "tok/s", "learner wait", "producer wait",
-                 "stale p50/p99/max", "dropped", "reward last5", "held-out"], rows))
-    print(f"eta=0 seed spread: reward {spread[0]:.3f}..{spread[1]:.3f}, "
-          f"held-out {acc_spread[0]:.3f}..{acc_spread[1]:.3f}")
+    rows = [
+        [
+            r["name"],
+            f"{r['time_to_n_s']:.1f}",
+            f"{base / r['time_to_n_s']:.2f}",
+            f"{r['trained_tok_s']:.0f}",
+            f"{r['learner_wait_frac']:.2f}",
+            f"{r['producer_wait_frac']:.2f}",
+            f"{r['staleness_p50']:.2f}/{r['staleness_p99']:.0f}/{r['staleness_max']:.0f}",
+            r["dropped_stale"],
+            f"{r['reward_last5']:.3f}",
+            f"{r['heldout_after']:.3f}",
+        ]
+        for r in results
+    ]
+    print(
+        table(
+            f"async vs sync GRPO: {args.steps} steps of {args.prompts} prompts x G={args.group_size}, "
+            f"{args.max_new_tokens} new tokens (speedup vs the mean eta=0 disaggregated time)",
+            [
+                "variant",
+                "time to N (s)",
+                "speedup",
+                "tok/s",
+                "learner wait",
+                "producer wait",
+                "stale p50/p99/max",
+                "dropped",
+                "reward last5",
+                "held-out",
+            ],
+            rows,
+        )
+    )
+    print(
+        f"eta=0 seed spread: reward {spread[0]:.3f}..{spread[1]:.3f}, held-out {acc_spread[0]:.3f}..{acc_spread[1]:.3f}"
+    )
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "async_vs_sync.json").write_text(json.dumps(
-        {"args": vars(args), "results": results, "sync_time_mean_s": base, "sync_reward_spread": spread,
-         "sync_heldout_spread": acc_spread}, indent=1))
+    (OUT / "async_vs_sync.json").write_text(
+        json.dumps(
+            {
+                "args": vars(args),
+                "results": results,
+                "sync_time_mean_s": base,
+                "sync_reward_spread": spread,
+                "sync_heldout_spread": acc_spread,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@ Each drill starts what it needs (Debian's redis-server, a `ray start --head` wit
 dir and ports, Serve apps, jobs), injects one fault, measures, and stops everything it started
 by pid or process group. Nothing else on the machine is touched (no `ray stop`).
 
-  python benchmarks/chaos.py                      # every drill; table + benchmarks/out/chaos.json
-  python benchmarks/chaos.py --drills gcs head    # a subset
+  python -m benchmarks.chaos                      # every drill; table + benchmarks/out/chaos.json
+  python -m benchmarks.chaos --drills gcs head    # a subset
 
 Drills:
   gcs   the reward endpoint under steady HTTP load while only the GCS is down for --outage-s
@@ -52,10 +52,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import OUT, ROOT, table  # noqa: E402
-from raypost.utils.local_head import LocalHead, LocalRedis, free_port  # noqa: E402
+from benchmarks.common import OUT, ROOT, table
+from raypost.utils.local_head import LocalHead, LocalRedis, free_port
 
 DEPLOY = """
 import ray
@@ -66,8 +64,11 @@ ray.init(address="{address}", log_to_driver=False)
 serve.start(http_options={{"host": "127.0.0.1", "port": {port}}})
 serve.run(build_app(RewardServiceConfig(cpus_per_replica=0.25)), name="{app}", route_prefix="{prefix}")
 """
-REQUEST = {"query": ["<user>What is 2 + 3?<assistant>2 + 3 = 5\n#### 5"], "prompts": ["<user>What is 2 + 3?"],
-           "labels": ["5"]}
+REQUEST = {
+    "query": ["<user>What is 2 + 3?<assistant>2 + 3 = 5\n#### 5"],
+    "prompts": ["<user>What is 2 + 3?"],
+    "labels": ["5"],
+}
 
 
 @dataclass
@@ -86,7 +87,7 @@ class Load:
             self.log.append((t, post_ok(self.url, body)))
             time.sleep(max(0.0, self.interval - (time.time() - t)))
 
-    def __enter__(self) -> "Load":
+    def __enter__(self) -> Load:
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.thread.start()
         return self
@@ -124,8 +125,7 @@ def wait_answering(url: str, timeout: float) -> float:
 def deploy_reward(head: LocalHead, port: int, app: str = "reward-detached", prefix: str = "/detached") -> str:
     """Deploy the reward service from a driver that then exits (the Serve app is detached)."""
     code = DEPLOY.format(address=head.address, port=port, app=app, prefix=prefix)
-    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=head.env(), check=True, timeout=300,
-                   capture_output=True)
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=head.env(), check=True, timeout=300, capture_output=True)
     url = f"http://127.0.0.1:{port}{prefix.rstrip('/')}/get_reward"
     wait_answering(url, 120)
     return url
@@ -146,12 +146,26 @@ def gcs_drill(outage_s: float, num_cpus: int = 2) -> dict[str, Any]:
         sent, answered = load.window(t_down, t_up)
         after_sent, after_answered = load.window(t_up, time.time())
         # The GCS is back: the cluster takes new work (a task needs the GCS to be scheduled).
-        probe = subprocess.run([sys.executable, "-c", "import ray; ray.init(log_to_driver=False); "
-                                "print(ray.get(ray.remote(lambda: 7).remote()))"],
-                               env=head.env(), capture_output=True, text=True, timeout=120)
-    return {"drill": "gcs", "outage_s": outage_s, "sent_during_outage": sent, "answered_during_outage": answered,
-            "sent_after": after_sent, "answered_after": after_answered,
-            "cluster_schedules_after": probe.stdout.strip().endswith("7")}
+        probe = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import ray; ray.init(log_to_driver=False); print(ray.get(ray.remote(lambda: 7).remote()))",
+            ],
+            env=head.env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    return {
+        "drill": "gcs",
+        "outage_s": outage_s,
+        "sent_during_outage": sent,
+        "answered_during_outage": answered,
+        "sent_after": after_sent,
+        "answered_after": after_answered,
+        "cluster_schedules_after": probe.stdout.strip().endswith("7"),
+    }
 
 
 def head_drill(num_cpus: int = 2) -> dict[str, Any]:
@@ -167,12 +181,24 @@ def head_drill(num_cpus: int = 2) -> dict[str, Any]:
             back_s = wait_answering(url, 180)
         finally:
             head.stop()
-    return {"drill": "head", "head_stop_s": round(down_s, 1), "serve_back_after_restart_s": round(back_s, 1),
-            "survived": True}
+    return {
+        "drill": "head",
+        "head_stop_s": round(down_s, 1),
+        "serve_back_after_restart_s": round(back_s, 1),
+        "survived": True,
+    }
 
 
-GRPO_ARGS = ["--config", "examples/grpo_smoke.yaml", "--warmup.enabled", "false", "--run.wandb_mode", "disabled",
-             "--rollout.max_attempts", "8"]
+GRPO_ARGS = [
+    "--config",
+    "examples/grpo_smoke.yaml",
+    "--warmup.enabled",
+    "false",
+    "--run.wandb_mode",
+    "disabled",
+    "--rollout.max_attempts",
+    "8",
+]
 PER_STEP = 16  # grpo_smoke: 4 prompts x 4 completions per step
 
 
@@ -195,15 +221,26 @@ class GRPOJob:
         return self.root / self.name
 
     def entrypoint(self) -> str:
-        args = [*GRPO_ARGS, "--run.storage_path", str(self.root), "--run.name", self.name, "--algo.steps",
-                str(self.steps), "--rollout.weights_dir", f"/dev/shm/raypost-chaos-{self.name}", *self.extra]
+        args = [
+            *GRPO_ARGS,
+            "--run.storage_path",
+            str(self.root),
+            "--run.name",
+            self.name,
+            "--algo.steps",
+            str(self.steps),
+            "--rollout.weights_dir",
+            f"/dev/shm/raypost-chaos-{self.name}",
+            *self.extra,
+        ]
         return shlex.join([sys.executable, "pipelines/grpo.py", *args])
 
     def submit(self) -> str:
         from ray.job_submission import JobSubmissionClient
 
         return JobSubmissionClient(self.head.dashboard_url).submit_job(
-            entrypoint=self.entrypoint(), runtime_env={"working_dir": str(ROOT)})
+            entrypoint=self.entrypoint(), runtime_env={"working_dir": str(ROOT)}
+        )
 
     def steps_done(self) -> list[dict[str, Any]]:
         path = self.run / "metrics.jsonl"
@@ -221,8 +258,9 @@ class GRPOJob:
             if job_id is not None and polls % 20 == 0:
                 client = JobSubmissionClient(self.head.dashboard_url)
                 if str(client.get_job_status(job_id).value) in ("FAILED", "STOPPED"):
-                    raise RuntimeError(f"{self.name}: job failed before step {step}:\n"
-                                       f"{client.get_job_logs(job_id)[-3000:]}")
+                    raise RuntimeError(
+                        f"{self.name}: job failed before step {step}:\n{client.get_job_logs(job_id)[-3000:]}"
+                    )
             time.sleep(0.1)  # steps of the smoke config take about a second
         raise TimeoutError(f"{self.name}: step {step} not reached within {timeout:.0f} s")
 
@@ -243,12 +281,14 @@ class GRPOJob:
         ids = [i for r in trained for i in r["ids"]]
         resumed = [int(m) for m in re.findall(r"resumed at step (\d+)", logs)]
         after = [r["time"] for r in self.steps_done() if r["time"] > t_fault]
-        return {"steps_ok": [r["step"] for r in trained] == list(range(1, self.steps + 1)),
-                "steps_lost": step_at_fault - resumed[-1] if resumed else 0,
-                "samples_duplicated": len(ids) - len(set(ids)),
-                "samples_lost": self.steps * PER_STEP - len(set(ids)),
-                "recover_s": round(after[0] - t_fault, 1) if after else None,
-                "rollout_retries": logs.count("rollout request failed")}
+        return {
+            "steps_ok": [r["step"] for r in trained] == list(range(1, self.steps + 1)),
+            "steps_lost": step_at_fault - resumed[-1] if resumed else 0,
+            "samples_duplicated": len(ids) - len(set(ids)),
+            "samples_lost": self.steps * PER_STEP - len(set(ids)),
+            "recover_s": round(after[0] - t_fault, 1) if after else None,
+            "rollout_retries": logs.count("rollout request failed"),
+        }
 
 
 def _actor_pids(head: LocalHead, class_prefix: str) -> list[int]:
@@ -288,8 +328,7 @@ def _kill_drill(fault: str, class_prefix: str, extra: list[str], at_step: int, r
         t_fault = time.time()
         step_at_fault = max(r["step"] for r in job.steps_done())
         status, logs = job.wait_done(job_id)
-    return {"fault": fault, "injected": 1, "survived": status == "SUCCEEDED",
-            **job.audit(t_fault, step_at_fault, logs)}
+    return {"fault": fault, "injected": 1, "survived": status == "SUCCEEDED", **job.audit(t_fault, step_at_fault, logs)}
 
 
 def replica_drill(root: Path, eta: int) -> dict[str, Any]:
@@ -298,8 +337,14 @@ def replica_drill(root: Path, eta: int) -> dict[str, Any]:
 
 def worker_drill(root: Path, eta: int) -> dict[str, Any]:
     # Checkpoints at steps 3 and 6; the kill lands after step 4, so the steps after 3 are trained again.
-    return _kill_drill("trainer worker kill", "RayTrainWorker",
-                       ["--run.max_failures", "1", "--run.checkpoint_every", "3"], 4, root, eta)
+    return _kill_drill(
+        "trainer worker kill",
+        "RayTrainWorker",
+        ["--run.max_failures", "1", "--run.checkpoint_every", "3"],
+        4,
+        root,
+        eta,
+    )
 
 
 RESTARTABLE = """
@@ -312,8 +357,15 @@ print(json.dumps(restartable_dead_actors()))
 
 def _restartable_dead_actors(head: LocalHead) -> list[dict[str, Any]]:
     """Actors the head's GCS keeps DEAD but restartable (what a GCS reloading from Redis aborts on)."""
-    proc = subprocess.run([sys.executable, "-c", RESTARTABLE.format(address=head.address)], cwd=ROOT,
-                          env=head.env(), capture_output=True, text=True, timeout=120, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", RESTARTABLE.format(address=head.address)],
+        cwd=ROOT,
+        env=head.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -342,8 +394,13 @@ def resubmit_drill(root: Path, eta: int, fresh_store: bool = False) -> dict[str,
         reward_url = deploy_reward(head, free_port())
         job = GRPOJob(head, root, name, 8, ["--run.checkpoint_every", "2", *eta_args(eta)])
         box: dict[str, Any] = {}
-        wrapper = threading.Thread(target=lambda: box.update(out=submit_until_done(
-            head.dashboard_url, job.entrypoint(), {"working_dir": str(ROOT)}, max_attempts=3, wait_head_s=300)))
+        wrapper = threading.Thread(
+            target=lambda: box.update(
+                out=submit_until_done(
+                    head.dashboard_url, job.entrypoint(), {"working_dir": str(ROOT)}, max_attempts=3, wait_head_s=300
+                )
+            )
+        )
         try:
             wrapper.start()
             job.wait_step(3)
@@ -356,16 +413,24 @@ def resubmit_drill(root: Path, eta: int, fresh_store: bool = False) -> dict[str,
             head.start()
             detached = {}
             if not fresh_store:
-                detached = {"detached_reward_back_s": round(wait_answering(reward_url, 300), 1),
-                            "detached_reward_from_checkpoint": _serve_recovered(head, "reward-detached")}
+                detached = {
+                    "detached_reward_back_s": round(wait_answering(reward_url, 300), 1),
+                    "detached_reward_from_checkpoint": _serve_recovered(head, "reward-detached"),
+                }
             wrapper.join(900)
             out = box["out"]
             logs = JobSubmissionClient(head.dashboard_url).get_job_logs(out.attempts[-1]["job_id"])
         finally:
             head.stop()
     fault = "head restart (fresh GCS store) + resubmit" if fresh_store else "head restart + resubmit"
-    row = {"fault": fault, "injected": 1, "survived": out.status == "SUCCEEDED",
-           "attempts": len(out.attempts), "restartable_dead_actors_at_crash": restartable, **detached}
+    row = {
+        "fault": fault,
+        "injected": 1,
+        "survived": out.status == "SUCCEEDED",
+        "attempts": len(out.attempts),
+        "restartable_dead_actors_at_crash": restartable,
+        **detached,
+    }
     return {**row, **job.audit(t_fault, step_at_fault, logs)}
 
 
@@ -374,8 +439,10 @@ def _pin(head: LocalHead, replicas: int) -> None:
     from ray.job_submission import JobSubmissionClient
 
     client = JobSubmissionClient(head.dashboard_url)
-    job_id = client.submit_job(entrypoint=f"{sys.executable} -m raypost.serve.scaling --replicas {replicas}",
-                               runtime_env={"working_dir": str(ROOT)})
+    job_id = client.submit_job(
+        entrypoint=f"{sys.executable} -m raypost.serve.scaling --replicas {replicas}",
+        runtime_env={"working_dir": str(ROOT)},
+    )
     deadline = time.time() + 120
     while str(client.get_job_status(job_id).value) not in ("SUCCEEDED", "FAILED", "STOPPED"):
         if time.time() > deadline:
@@ -408,8 +475,17 @@ def _wait_replicas(head: LocalHead, count: int, timeout: float = 300.0) -> float
 def scale_drill(root: Path, eta: int, steps: int = 100) -> dict[str, Any]:
     """1 -> 2 -> 1 rollout replicas from the CLI while GRPO trains (queue-depth target set high,
     so only the pins move it)."""
-    extra = ["--rollout.autoscale_max_replicas", "2", "--rollout.target_ongoing_requests", "1000",
-             "--rollout.downscale_delay_s", "0", "--rollout.upscale_delay_s", "0", *eta_args(eta)]
+    extra = [
+        "--rollout.autoscale_max_replicas",
+        "2",
+        "--rollout.target_ongoing_requests",
+        "1000",
+        "--rollout.downscale_delay_s",
+        "0",
+        "--rollout.upscale_delay_s",
+        "0",
+        *eta_args(eta),
+    ]
     with LocalHead(num_cpus=4) as head:
         _auth_env(head)
         # long enough to outlast a second vLLM replica's start (~1 min) plus the scale-down
@@ -425,17 +501,27 @@ def scale_drill(root: Path, eta: int, steps: int = 100) -> dict[str, Any]:
         down_s = _wait_replicas(head, 1)
         status, logs = job.wait_done(job_id)
     rows = job.steps_done()
-    return {"fault": "rollout 1-2-1", "injected": 2, "survived": status == "SUCCEEDED",
-            **job.audit(t_fault, 0, logs), "scale_up_s": round(up_s, 1), "scale_down_s": round(down_s, 1),
-            "staleness_max": max(r["staleness_max"] for r in rows),
-            "behav_ratio_dev_max": round(max(abs(r["behav_ratio_mean"] - 1) for r in rows), 4)}
+    return {
+        "fault": "rollout 1-2-1",
+        "injected": 2,
+        "survived": status == "SUCCEEDED",
+        **job.audit(t_fault, 0, logs),
+        "scale_up_s": round(up_s, 1),
+        "scale_down_s": round(down_s, 1),
+        "staleness_max": max(r["staleness_max"] for r in rows),
+        "behav_ratio_dev_max": round(max(abs(r["behav_ratio_mean"] - 1) for r in rows), 4),
+    }
 
 
-DRILLS = {"gcs": lambda a: gcs_drill(a.outage_s), "head": lambda a: head_drill(),
-          "replica": lambda a: replica_drill(a.root, a.eta), "worker": lambda a: worker_drill(a.root, a.eta),
-          "resubmit": lambda a: resubmit_drill(a.root, a.eta),
-          "resubmit-fresh": lambda a: resubmit_drill(a.root, a.eta, True),
-          "scale": lambda a: scale_drill(a.root, a.eta, a.scale_steps)}
+DRILLS = {
+    "gcs": lambda a: gcs_drill(a.outage_s),
+    "head": lambda a: head_drill(),
+    "replica": lambda a: replica_drill(a.root, a.eta),
+    "worker": lambda a: worker_drill(a.root, a.eta),
+    "resubmit": lambda a: resubmit_drill(a.root, a.eta),
+    "resubmit-fresh": lambda a: resubmit_drill(a.root, a.eta, True),
+    "scale": lambda a: scale_drill(a.root, a.eta, a.scale_steps),
+}
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
@@ -443,10 +529,15 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--drills", nargs="+", choices=sorted(DRILLS), default=list(DRILLS))
     parser.add_argument("--outage-s", type=float, default=10.0)
     parser.add_argument("--eta", type=int, default=0, help="async_rl.eta of the GRPO drills (0: synchronous)")
-    parser.add_argument("--scale-steps", type=int, default=100, help="steps of the scale drill's job: enough to "
-                                                                      "outlast a second replica's start-up, at most "
-                                                                      "100 (one epoch of grpo_smoke's prompts; past it "
-                                                                      "prompts repeat and count as duplicated)")
+    parser.add_argument(
+        "--scale-steps",
+        type=int,
+        default=100,
+        help="steps of the scale drill's job: enough to "
+        "outlast a second replica's start-up, at most "
+        "100 (one epoch of grpo_smoke's prompts; past it "
+        "prompts repeat and count as duplicated)",
+    )
     parser.add_argument("--root", type=Path, default=None, help="run folders of the GRPO drills (default: a temp dir)")
     args = parser.parse_args(argv)
     args.root = args.root or Path(tempfile.mkdtemp(prefix="raypost-chaos-"))

@@ -6,18 +6,24 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = Path(__file__).parent / "out"
-sys.path.insert(0, str(ROOT))
 
 # W1: the tiny offline model; W2: ~100M Qwen2 shape (hidden 768, 12 layers), random init.
 SHAPES = {
     "tiny": {},
-    "100m": {"hidden_size": 768, "num_layers": 12, "num_heads": 12, "num_kv_heads": 4, "intermediate_size": 2048,
-             "vocab_size": 1024},
+    "100m": {
+        "hidden_size": 768,
+        "num_layers": 12,
+        "num_heads": 12,
+        "num_kv_heads": 4,
+        "intermediate_size": 2048,
+        "vocab_size": 1024,
+    },
 }
 
 
@@ -39,18 +45,31 @@ def prompts_for(model_path: Path, k: int) -> list[list[int]]:
     return [prompt_ids(tok, r["question"], None) for r in synthetic.generate(k, seed=99)]
 
 
-def run_child(script: Path, args: list[str], env: dict[str, str] | None = None, timeout: float = 1800,
-              base_env: Mapping[str, str] | None = None, mark: str | None = None) -> dict[str, Any]:
-    """Run ``script ARGS`` and parse the JSON it prints: on its last stdout line, or after ``mark``
+def run_child(
+    script: Path,
+    args: list[str],
+    env: dict[str, str] | None = None,
+    timeout: float = 1800,
+    base_env: Mapping[str, str] | None = None,
+    mark: str | None = None,
+) -> dict[str, Any]:
+    """Run ``script ARGS`` (as its module, ``python -m benchmarks.x``) and parse the JSON it
+    prints: on its last stdout line, or after ``mark``
     on the line that starts with it (for children whose libraries log to stdout too, as vLLM).
     The child's environment is ``base_env`` (default: this process's) updated with ``env``."""
-    proc = subprocess.run([sys.executable, str(script), *args], cwd=ROOT, capture_output=True, text=True,
-                          env={**(os.environ if base_env is None else base_env), **(env or {})}, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", script.resolve().relative_to(ROOT).with_suffix("").as_posix().replace("/", "."), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**(os.environ if base_env is None else base_env), **(env or {})},
+        timeout=timeout,
+    )
     lines = proc.stdout.strip().splitlines()
     if mark is None:
         line = lines[-1] if lines else None
     else:
-        line = next((x[len(mark):] for x in lines if x.startswith(mark)), None)
+        line = next((x[len(mark) :] for x in lines if x.startswith(mark)), None)
     if proc.returncode != 0 or line is None:
         raise RuntimeError(f"{script.name} {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return json.loads(line)

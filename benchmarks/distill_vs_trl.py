@@ -16,9 +16,9 @@ on the full vocabulary.
 3. The teacher, the warm student and both final students are evaluated by one function: greedy
    held-out accuracy on the same rows. raypost's own report figures are kept beside them.
 
-    .venv/bin/python benchmarks/distill_vs_trl.py [--teacher runs/distill/teacher/<ckpt>/hf] [--steps 20]
-    .venv/bin/python benchmarks/distill_vs_trl.py --config examples/distill_smollm2.yaml   # SmolLM2 teacher
-    .venv/bin/python benchmarks/distill_vs_trl.py --config examples/distill_smollm2.yaml -- --train.max_steps 40
+    .venv/bin/python -m benchmarks.distill_vs_trl [--teacher runs/distill/teacher/<ckpt>/hf] [--steps 20]
+    .venv/bin/python -m benchmarks.distill_vs_trl --config examples/distill_smollm2.yaml   # SmolLM2 teacher
+    .venv/bin/python -m benchmarks.distill_vs_trl --config examples/distill_smollm2.yaml -- --train.max_steps 40
 
 Prints a table and writes benchmarks/out/distill_vs_trl[_<config>].json.
 """
@@ -35,24 +35,53 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import OUT, ROOT, step_timer, table  # noqa: E402
+from benchmarks.common import OUT, ROOT, step_timer, table
 
 
 def run_raypost(args: argparse.Namespace, out: Path) -> dict:
     """pipelines/distill.py (on_policy, GKD loss) on its own local cluster."""
     run = out / "raypost"
     shutil.rmtree(run, ignore_errors=True)
-    cmd = [sys.executable, "pipelines/distill.py", "--run.storage_path", str(out), "--run.name", "raypost",
-           "--run.wandb_mode", "disabled", "--run.checkpoint_every", "1000000", "--run.log_every", "1",
-           "--data.max_eval_samples", str(args.eval_n), "--distill.mode", "on_policy",
-           "--distill.on_policy_loss", "gkd", "--distill.divergence", "jsd", "--distill.beta", "0.5",
-           "--distill.top_k", str(args.top_k), "--distill.samples_per_prompt", "1",
-           "--distill.prompts_per_step", str(args.prompts), "--distill.on_policy_steps", str(args.steps),
-           "--distill.max_new_tokens", str(args.max_new_tokens), "--distill.on_policy_optim.lr", str(args.lr),
-           "--distill.on_policy_optim.micro_batch_size", str(args.prompts // 2),
-           "--rollout.weights_dir", f"/dev/shm/raypost-bench-{os.getpid()}"]
+    cmd = [
+        sys.executable,
+        "pipelines/distill.py",
+        "--run.storage_path",
+        str(out),
+        "--run.name",
+        "raypost",
+        "--run.wandb_mode",
+        "disabled",
+        "--run.checkpoint_every",
+        "1000000",
+        "--run.log_every",
+        "1",
+        "--data.max_eval_samples",
+        str(args.eval_n),
+        "--distill.mode",
+        "on_policy",
+        "--distill.on_policy_loss",
+        "gkd",
+        "--distill.divergence",
+        "jsd",
+        "--distill.beta",
+        "0.5",
+        "--distill.top_k",
+        str(args.top_k),
+        "--distill.samples_per_prompt",
+        "1",
+        "--distill.prompts_per_step",
+        str(args.prompts),
+        "--distill.on_policy_steps",
+        str(args.steps),
+        "--distill.max_new_tokens",
+        str(args.max_new_tokens),
+        "--distill.on_policy_optim.lr",
+        str(args.lr),
+        "--distill.on_policy_optim.micro_batch_size",
+        str(args.prompts // 2),
+        "--rollout.weights_dir",
+        f"/dev/shm/raypost-bench-{os.getpid()}",
+    ]
     if args.config:
         cmd += ["--config", args.config]
     if args.teacher:
@@ -67,10 +96,17 @@ def run_raypost(args: argparse.Namespace, out: Path) -> dict:
     steps = [r for r in rows if r.get("phase") == "on_policy"]
     report = json.loads((run / "report.json").read_text())
     trained = [json.loads(x)["ids"] for x in (run / "student" / "trained_samples.jsonl").read_text().splitlines()]
-    return {"step_s": [r["step_s"] for r in steps], "gen_tokens": [r["response_len"] * args.prompts for r in steps],
-            "accuracy": report["heldout_accuracy"], "teacher": report["teacher_path"],
-            "student": json.loads((run / "baseline_done.json").read_text())["model_path"],
-            "final": report["model_path"], "trained_ids": trained, "run": run, "job_wall_s": time.time() - t0}
+    return {
+        "step_s": [r["step_s"] for r in steps],
+        "gen_tokens": [r["response_len"] * args.prompts for r in steps],
+        "accuracy": report["heldout_accuracy"],
+        "teacher": report["teacher_path"],
+        "student": json.loads((run / "baseline_done.json").read_text())["model_path"],
+        "final": report["model_path"],
+        "trained_ids": trained,
+        "run": run,
+        "job_wall_s": time.time() - t0,
+    }
 
 
 def prompt_rows(run: Path, trained_ids: list[list[str]]) -> list[dict]:
@@ -82,9 +118,16 @@ def prompt_rows(run: Path, trained_ids: list[list[str]]) -> list[dict]:
 
     data = load_config(DistillConfig, [], path=run / "config.yaml").data
     by_id = {r["id"]: r for r in synthetic_rows(data, "train")}
-    return [{"messages": [{"role": "user", "content": by_id[sid.split("#")[0]]["question"]},
-                          {"role": "assistant", "content": by_id[sid.split("#")[0]]["answer"]}]}
-            for ids in trained_ids for sid in ids]
+    return [
+        {
+            "messages": [
+                {"role": "user", "content": by_id[sid.split("#")[0]]["question"]},
+                {"role": "assistant", "content": by_id[sid.split("#")[0]]["answer"]},
+            ]
+        }
+        for ids in trained_ids
+        for sid in ids
+    ]
 
 
 def run_trl(args: argparse.Namespace, student: str, teacher: str, rows: list[dict], out: Path) -> dict:
@@ -96,15 +139,39 @@ def run_trl(args: argparse.Namespace, student: str, teacher: str, rows: list[dic
 
     torch.set_num_threads(os.cpu_count() or 1)
     step_s: list[float] = []
-    cfg = GKDConfig(output_dir=str(out / "trl"), per_device_train_batch_size=args.prompts, max_steps=args.steps,
-                    learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, adam_beta2=0.95,
-                    max_grad_norm=1.0, lmbda=1.0, beta=0.5, temperature=1.0, max_new_tokens=args.max_new_tokens,
-                    train_sampling_strategy="sequential", use_cpu=True, bf16=False, report_to="none",
-                    logging_steps=1, save_strategy="no", disable_tqdm=True, seed=0, dataloader_num_workers=0,
-                    dataloader_pin_memory=False, max_length=256)
-    trainer = GKDTrainer(model=load_causal_lm(student), teacher_model=load_causal_lm(teacher), args=cfg,
-                         train_dataset=Dataset.from_list(rows), processing_class=load_tokenizer(student),
-                         callbacks=[step_timer(step_s)])
+    cfg = GKDConfig(
+        output_dir=str(out / "trl"),
+        per_device_train_batch_size=args.prompts,
+        max_steps=args.steps,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        adam_beta2=0.95,
+        max_grad_norm=1.0,
+        lmbda=1.0,
+        beta=0.5,
+        temperature=1.0,
+        max_new_tokens=args.max_new_tokens,
+        train_sampling_strategy="sequential",
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+        dataloader_num_workers=0,
+        dataloader_pin_memory=False,
+        max_length=256,
+    )
+    trainer = GKDTrainer(
+        model=load_causal_lm(student),
+        teacher_model=load_causal_lm(teacher),
+        args=cfg,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=load_tokenizer(student),
+        callbacks=[step_timer(step_s)],
+    )
     t0 = time.time()
     trainer.train()
     final = out / "trl" / "final"
@@ -134,8 +201,12 @@ def heldout_accuracy(model: str, run: Path, n: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default=None, help="a distill YAML (e.g. examples/distill_smollm2.yaml: SmolLM2 "
-                                                   "teacher, pruned student); default: the embedded tiny task")
+    ap.add_argument(
+        "--config",
+        default=None,
+        help="a distill YAML (e.g. examples/distill_smollm2.yaml: SmolLM2 "
+        "teacher, pruned student); default: the embedded tiny task",
+    )
     ap.add_argument("--teacher", default=None, help="a trained teacher (HF folder); default: the run trains one")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--skip", type=int, default=2, help="first steps left out of the medians (start-up)")
@@ -151,25 +222,47 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     ours = run_raypost(args, out)
     theirs = run_trl(args, ours["student"], ours["teacher"], prompt_rows(ours["run"], ours["trained_ids"]), out)
-    models = {"teacher": ours["teacher"], "warm student": ours["student"], "raypost": ours["final"],
-              "TRL": theirs["final"]}
+    models = {
+        "teacher": ours["teacher"],
+        "warm student": ours["student"],
+        "raypost": ours["final"],
+        "TRL": theirs["final"],
+    }
     acc = {name: heldout_accuracy(path, ours["run"], args.eval_n) for name, path in models.items()}
-    ours_med, theirs_med = (statistics.median(r["step_s"][args.skip:]) for r in (ours, theirs))
-    tok_s = sum(ours["gen_tokens"][args.skip:]) / sum(ours["step_s"][args.skip:])
-    print(table(f"\nOn-policy distillation (GKD, JSD beta 0.5), {args.prompts} prompts x 1 sample, "
-                f"{args.max_new_tokens} new tokens, {args.steps} steps; raypost/TRL step time = "
-                f"{ours_med / theirs_med:.2f}",
-                ["framework", "median step s", "held-out accuracy after"],
-                [["raypost", f"{ours_med:.2f}", f"{acc['raypost']:.3f}"],
-                 ["TRL GKDTrainer", f"{theirs_med:.2f}", f"{acc['TRL']:.3f}"]]))
-    print(f"teacher {acc['teacher']:.3f}, warm student (start of both) {acc['warm student']:.3f}; "
-          f"raypost gen tok/s of step time {tok_s:.0f}")
-    (OUT / f"distill_vs_trl{tag}.json").write_text(json.dumps(
-        {"config": vars(args), "median_step_s": {"raypost": ours_med, "TRL": theirs_med},
-         "step_time_ratio_raypost_over_trl": ours_med / theirs_med, "heldout_accuracy": acc,
-         "raypost_report_accuracy": ours["accuracy"],
-         "raypost_gen_tokens_per_s": tok_s, "step_s": {"raypost": ours["step_s"], "TRL": theirs["step_s"]},
-         "raypost_job_wall_s": ours["job_wall_s"], "trl_wall_s": theirs["wall_s"]}, indent=2))
+    ours_med, theirs_med = (statistics.median(r["step_s"][args.skip :]) for r in (ours, theirs))
+    tok_s = sum(ours["gen_tokens"][args.skip :]) / sum(ours["step_s"][args.skip :])
+    print(
+        table(
+            f"\nOn-policy distillation (GKD, JSD beta 0.5), {args.prompts} prompts x 1 sample, "
+            f"{args.max_new_tokens} new tokens, {args.steps} steps; raypost/TRL step time = "
+            f"{ours_med / theirs_med:.2f}",
+            ["framework", "median step s", "held-out accuracy after"],
+            [
+                ["raypost", f"{ours_med:.2f}", f"{acc['raypost']:.3f}"],
+                ["TRL GKDTrainer", f"{theirs_med:.2f}", f"{acc['TRL']:.3f}"],
+            ],
+        )
+    )
+    print(
+        f"teacher {acc['teacher']:.3f}, warm student (start of both) {acc['warm student']:.3f}; "
+        f"raypost gen tok/s of step time {tok_s:.0f}"
+    )
+    (OUT / f"distill_vs_trl{tag}.json").write_text(
+        json.dumps(
+            {
+                "config": vars(args),
+                "median_step_s": {"raypost": ours_med, "TRL": theirs_med},
+                "step_time_ratio_raypost_over_trl": ours_med / theirs_med,
+                "heldout_accuracy": acc,
+                "raypost_report_accuracy": ours["accuracy"],
+                "raypost_gen_tokens_per_s": tok_s,
+                "step_s": {"raypost": ours["step_s"], "TRL": theirs["step_s"]},
+                "raypost_job_wall_s": ours["job_wall_s"],
+                "trl_wall_s": theirs["wall_s"],
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

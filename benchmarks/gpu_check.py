@@ -23,8 +23,8 @@ machine cannot run it (no GPU, a package missing, one GPU where two are needed):
 6. collective_nccl: the collective transport's NCCL path, learner rank 0 on GPU 0 and a receiver on
    GPU 1 (NCCL cannot put two ranks on one GPU): every tensor arrives intact.
 
-    python benchmarks/gpu_check.py                  # the device: cuda when there is one
-    python benchmarks/gpu_check.py --device cpu     # the same checks on CPUs (tests/test_gpu_check.py)
+    python -m benchmarks.gpu_check                  # the device: cuda when there is one
+    python -m benchmarks.gpu_check --device cpu     # the same checks on CPUs (tests/test_gpu_check.py)
 
 Prints a table and writes gpu_check.json into $OUT, or --out.
 """
@@ -39,12 +39,11 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.gpu_learners import check_learner_mfu, check_learner_steps, process_group  # noqa: E402
+from benchmarks.gpu_learners import check_learner_mfu, check_learner_steps, process_group
 
 
 def missing(*modules: str) -> str | None:
@@ -58,8 +57,9 @@ def tiny_model(work: Path) -> Path:
     from raypost.models.tiny import build_tiny_model
 
     rows = synthetic.generate(500, seed=7)
-    return build_tiny_model(TinyModelConfig(), [r["question"] for r in rows] + [r["answer"] for r in rows],
-                            work / "tiny")
+    return build_tiny_model(
+        TinyModelConfig(), [r["question"] for r in rows] + [r["answer"] for r in rows], work / "tiny"
+    )
 
 
 def grpo_step(model_path: Path, device: str, precision: str) -> tuple[float, dict[str, Any], list[str]]:
@@ -77,8 +77,16 @@ def grpo_step(model_path: Path, device: str, precision: str) -> tuple[float, dic
     ref = load_causal_lm(str(model_path), precision).to(device).eval()
     g = torch.Generator().manual_seed(1)
     vocab = policy.config.vocab_size
-    rows = [Sequence(ids=torch.randint(5, vocab, (6 + 3 * i,), generator=g).tolist(), start=4, adv=1.0 - i,
-                     old=[-1.0] * (2 + 3 * i), sample_id=f"{i}#0") for i in range(3)]
+    rows = [
+        Sequence(
+            ids=torch.randint(5, vocab, (6 + 3 * i,), generator=g).tolist(),
+            start=4,
+            adv=1.0 - i,
+            old=[-1.0] * (2 + 3 * i),
+            sample_id=f"{i}#0",
+        )
+        for i in range(3)
+    ]
     b, keep = trim_to_completions(to_device(collate(rows, 0), torch.device(device)))
     logits = policy(input_ids=b["input_ids"], attention_mask=b["attention_mask"], logits_to_keep=keep).logits
     logp, _ = token_logprobs(logits, b["targets"], 1.0)
@@ -88,8 +96,9 @@ def grpo_step(model_path: Path, device: str, precision: str) -> tuple[float, dic
     kl = KL_ESTIMATORS.get_fn("k3")(logp, ref_logp)
     counts = BatchCounts(float(len(rows)), float(loss_tokens(rows)))
     params = LossParams(eps_low=0.2, eps_high=0.2, beta=0.05, max_tokens=16)
-    loss, _ = POLICY_LOSSES.get_fn("grpo")(logp, b["old_logp"], b["adv"], b["mask"], params, kl,
-                                           torch.ones_like(b["mask"]), counts)
+    loss, _ = POLICY_LOSSES.get_fn("grpo")(
+        logp, b["old_logp"], b["adv"], b["mask"], params, kl, torch.ones_like(b["mask"]), counts
+    )
     loss.backward()
     seen = sorted({str(t.device) for t in (*b.values(), logits, ref_logits, *policy.parameters())})
     grads = {k: p.grad.float().cpu() for k, p in policy.named_parameters() if p.grad is not None}
@@ -121,8 +130,7 @@ def check_zero3_push(ctx: dict[str, Any]) -> dict[str, Any]:
     model = load_causal_lm(str(ctx["model"]), "fp32")
     want = {k: v.clone() for k, v in model.state_dict().items()}
     config = deepspeed_config(DeepSpeedConfig(zero_stage=3), OptimConfig(micro_batch_size=1), 1)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.0),
-                                      config=config)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.0), config=config)
     bucket = 16 << 10
     cuda = ctx["device"] == "cuda"
     if cuda:
@@ -137,8 +145,14 @@ def check_zero3_push(ctx: dict[str, Any]) -> dict[str, Any]:
     peak = (torch.cuda.max_memory_allocated() - base) if cuda else None
     same = [s[0] for s in specs] == list(got) and all(torch.equal(got[k], want[k].cpu()) for k in got)
     ok = same and (peak is None or peak <= model_bytes + 2 * bucket)
-    return {"ok": ok, "same_weights": same, "tensors": len(got), "push_s": push_s, "model_bytes": model_bytes,
-            "device_peak_bytes": peak}
+    return {
+        "ok": ok,
+        "same_weights": same,
+        "tensors": len(got),
+        "push_s": push_s,
+        "model_bytes": model_bytes,
+        "device_peak_bytes": peak,
+    }
 
 
 def check_replica_push(ctx: dict[str, Any]) -> dict[str, Any]:
@@ -156,10 +170,19 @@ def check_replica_push(ctx: dict[str, Any]) -> dict[str, Any]:
 
     cuda = ctx["device"] == "cuda"
     wdir = f"/dev/shm/raypost-gpu-check-{os.getpid()}"
-    cfg = build(RolloutConfig, {"num_replicas": 1, "cpus_per_replica": 1, "gpus_per_replica": 1 if cuda else 0,
-                                "max_model_len": 256, "weights_dir": wdir, "dtype": "float32",
-                                "weight_transport": "object_store",
-                                "gpu_memory_utilization": 0.3})
+    cfg = build(
+        RolloutConfig,
+        {
+            "num_replicas": 1,
+            "cpus_per_replica": 1,
+            "gpus_per_replica": 1 if cuda else 0,
+            "max_model_len": 256,
+            "weights_dir": wdir,
+            "dtype": "float32",
+            "weight_transport": "object_store",
+            "gpu_memory_utilization": 0.3,
+        },
+    )
     tok = load_tokenizer(str(ctx["model"]))
     prompts = [prompt_ids(tok, r["question"], None) for r in synthetic.generate(4, seed=11)]
     model = load_causal_lm(str(ctx["model"]))
@@ -171,8 +194,12 @@ def check_replica_push(ctx: dict[str, Any]) -> dict[str, Any]:
     if ctx["ray_address"]:  # a running cluster (the test suite's)
         ray.init(address=ctx["ray_address"], log_to_driver=False)
     else:
-        ray.init(num_cpus=2, num_gpus=1 if cuda else 0, include_dashboard=False,
-                 _temp_dir=tempfile.mkdtemp(prefix="rgc", dir="/tmp"))
+        ray.init(
+            num_cpus=2,
+            num_gpus=1 if cuda else 0,
+            include_dashboard=False,
+            _temp_dir=tempfile.mkdtemp(prefix="rgc", dir="/tmp"),
+        )
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
         serve.run(build_app(str(ctx["model"]), cfg), name=APP, route_prefix=None)
@@ -188,7 +215,9 @@ def check_replica_push(ctx: dict[str, Any]) -> dict[str, Any]:
     for p, out in zip(prompts, got):
         c = out["completions"][0]
         with torch.no_grad():
-            logits = model(input_ids=torch.tensor([p + c["token_ids"]], device=ctx["device"])).logits[0, len(p) - 1:-1]
+            logits = model(input_ids=torch.tensor([p + c["token_ids"]], device=ctx["device"])).logits[
+                0, len(p) - 1 : -1
+            ]
         lps = torch.log_softmax(logits.float(), -1)
         tokens_equal &= lps.argmax(-1).tolist() == c["token_ids"]
         want = lps.gather(1, torch.tensor(c["token_ids"], device=ctx["device"])[:, None])[:, 0].tolist()
@@ -210,12 +239,20 @@ def check_collective_nccl(ctx: dict[str, Any]) -> dict[str, Any]:
     server = WeightServer("127.0.0.1", backend="nccl", bucket_bytes=1 << 20)
     try:
         server.offer(1, specs_of(state), [state])
-        code = ("import json, sys, torch; from raypost.serve.collective import request, receive; "
-                "src = request(json.loads(sys.argv[1]), 1); "
-                "print(json.dumps({k: float(v.double().sum()) for k, v in receive(src, 0, 'cuda:0')}))")
+        code = (
+            "import json, sys, torch; from raypost.serve.collective import request, receive; "
+            "src = request(json.loads(sys.argv[1]), 1); "
+            "print(json.dumps({k: float(v.double().sum()) for k, v in receive(src, 0, 'cuda:0')}))"
+        )
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": "1"}
-        out = subprocess.run([sys.executable, "-c", code, json.dumps(server.address)], capture_output=True, text=True,
-                             env=env, timeout=300, cwd=Path(__file__).resolve().parents[1])
+        out = subprocess.run(
+            [sys.executable, "-c", code, json.dumps(server.address)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+            cwd=Path(__file__).resolve().parents[1],
+        )
         sums = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {}
     finally:
         server.stop()
@@ -255,10 +292,18 @@ def main() -> None:
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     gpus = torch.cuda.device_count() if device == "cuda" else 0
-    ctx: dict[str, Any] = {"device": device, "gpus": gpus, "precision": "bf16" if device == "cuda" else "fp32",
-                           "ray_address": args.ray_address}
-    results: dict[str, Any] = {"device": device, "gpu": torch.cuda.get_device_name(0) if gpus else None,
-                               "torch": torch.__version__, "checks": {}}
+    ctx: dict[str, Any] = {
+        "device": device,
+        "gpus": gpus,
+        "precision": "bf16" if device == "cuda" else "fp32",
+        "ray_address": args.ray_address,
+    }
+    results: dict[str, Any] = {
+        "device": device,
+        "gpu": torch.cuda.get_device_name(0) if gpus else None,
+        "torch": torch.__version__,
+        "checks": {},
+    }
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as work:
         ctx["model"] = tiny_model(Path(work))
         for name in args.checks:
@@ -271,16 +316,27 @@ def main() -> None:
                 try:
                     res = run(ctx)
                 except Exception as err:  # noqa: BLE001 - reported in the table and the JSON
-                    res = {"ok": False, "error": f"{type(err).__name__}: {err}", "trace": traceback.format_exc()[-3000:]}
+                    res = {
+                        "ok": False,
+                        "error": f"{type(err).__name__}: {err}",
+                        "trace": traceback.format_exc()[-3000:],
+                    }
             res["seconds"] = round(time.perf_counter() - t0, 1)
             results["checks"][name] = res
-            print(f"{name}: {'skipped: ' + reason if reason else ('ok' if res['ok'] else 'FAILED')} "
-                  f"({res['seconds']} s)", flush=True)
+            print(
+                f"{name}: {'skipped: ' + reason if reason else ('ok' if res['ok'] else 'FAILED')} ({res['seconds']} s)",
+                flush=True,
+            )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2, default=str))
     failed = [n for n, r in results["checks"].items() if r["ok"] is False]
-    print(json.dumps({n: {k: v for k, v in r.items() if k != "trace"} for n, r in results["checks"].items()},
-                     indent=1, default=str))
+    print(
+        json.dumps(
+            {n: {k: v for k, v in r.items() if k != "trace"} for n, r in results["checks"].items()},
+            indent=1,
+            default=str,
+        )
+    )
     sys.exit(1 if failed else 0)
 
 

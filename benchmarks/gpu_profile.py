@@ -10,11 +10,7 @@ Its run on one H200 is summarized in benchmarks/RESULTS.md ("GPU: the learners o
 from __future__ import annotations
 
 import statistics
-import sys
 from functools import partial
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main() -> None:
@@ -29,11 +25,20 @@ def main() -> None:
 
     process_group({"device": "cuda"})
     rows = mfu_rows()
-    cfg = GRPOConfig.model_validate({"algo": {"beta": 0.0, "group_size": 8, "prompts_per_step": 8,
-                                              "max_new_tokens": 768}, "optim": {"micro_batch_size": 8}})
+    cfg = GRPOConfig.model_validate(
+        {
+            "algo": {"beta": 0.0, "group_size": 8, "prompts_per_step": 8, "max_new_tokens": 768},
+            "optim": {"micro_batch_size": 8},
+        }
+    )
     for zero in (0, 2):
-        engine = build_engine(_qwen05(), cfg.optim.model_copy(update={"grad_accum": 8}),
-                              DeepSpeedConfig(zero_stage=zero, precision="bf16"), 100, 1)
+        engine = build_engine(
+            _qwen05(),
+            cfg.optim.model_copy(update={"grad_accum": 8}),
+            DeepSpeedConfig(zero_stage=zero, precision="bf16"),
+            100,
+            1,
+        )
         step = partial(learn, engine, None, rows, cfg, 0)
         times = _timed(step, 2, 3, torch.cuda.synchronize)
         print(f"zero{zero} step_s median {statistics.median(times):.3f} {times}", flush=True)
@@ -45,6 +50,7 @@ def main() -> None:
                 print(prof.key_averages().table(sort_by=key, row_limit=30, max_name_column_width=60), flush=True)
         engine = step = None  # freed before the next stage's engine
         torch.cuda.empty_cache()
+
 
 if __name__ == "__main__":
     main()

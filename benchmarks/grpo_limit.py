@@ -10,7 +10,7 @@ the training share the process and the cores, one after the other, as in a synch
 
 Called by ``benchmarks/grpo_vs_trl.py`` (the "limit" row); alone:
 
-    .venv/bin/python benchmarks/grpo_limit.py --model smollm2-135m-instruct --prompts-json p.json
+    .venv/bin/python -m benchmarks.grpo_limit --model smollm2-135m-instruct --prompts-json p.json
 """
 
 from __future__ import annotations
@@ -19,11 +19,8 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MARK = "GRPO_LIMIT "
 
@@ -46,8 +43,9 @@ def generate(llm, tok, steps: list[list[dict]], args: argparse.Namespace) -> lis
         for p, r, res in zip(prompts, rows, results):
             rewards = [float(answers_match(c.text, r["answer"], "flexible")) for c in res.outputs]
             mean = sum(rewards) / len(rewards)
-            seqs += [{"ids": p + list(c.token_ids), "start": len(p), "adv": rw - mean}
-                     for c, rw in zip(res.outputs, rewards)]
+            seqs += [
+                {"ids": p + list(c.token_ids), "start": len(p), "adv": rw - mean} for c, rw in zip(res.outputs, rewards)
+            ]
         out.append((secs, seqs))
     return out
 
@@ -59,13 +57,13 @@ def train_step(model, opt, seqs: list[dict], micro: int, pad: int) -> float:
     t0 = time.perf_counter()
     tokens = sum(len(s["ids"]) - s["start"] for s in seqs)
     for i in range(0, len(seqs), micro):
-        mb = seqs[i:i + micro]
+        mb = seqs[i : i + micro]
         t = max(len(s["ids"]) for s in mb)
         ids = torch.full((len(mb), t), pad, dtype=torch.long)
         mask = torch.zeros((len(mb), t - 1))
         for j, s in enumerate(mb):
-            ids[j, :len(s["ids"])] = torch.tensor(s["ids"])
-            mask[j, s["start"] - 1:len(s["ids"]) - 1] = s["adv"]
+            ids[j, : len(s["ids"])] = torch.tensor(s["ids"])
+            mask[j, s["start"] - 1 : len(s["ids"]) - 1] = s["adv"]
         logits = model(input_ids=ids, attention_mask=(ids != pad).long()).logits[:, :-1]
         logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None])[..., 0]
         (-(logp * mask).sum() / tokens).backward()
@@ -95,16 +93,22 @@ def child(args: argparse.Namespace) -> dict:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95))
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     train_s = [train_step(model, opt, seqs, args.micro_batch, pad) for _, seqs in gens]
-    return {"gen_s": [round(g, 3) for g, _ in gens], "train_s": [round(t, 3) for t in train_s],
-            "gen_tokens": [sum(len(s["ids"]) - s["start"] for s in seqs) for _, seqs in gens]}
+    return {
+        "gen_s": [round(g, 3) for g, _ in gens],
+        "train_s": [round(t, 3) for t in train_s],
+        "gen_tokens": [sum(len(s["ids"]) - s["start"] for s in seqs) for _, seqs in gens],
+    }
 
 
 def summarize(res: dict, skip: int) -> dict:
     steps = [g + t for g, t in zip(res["gen_s"], res["train_s"])][skip:]
-    return {"framework": "limit: raw vLLM + bare PyTorch", "median_step_s": statistics.median(steps),
-            "median_generate_s": statistics.median(res["gen_s"][skip:]),
-            "median_train_s": statistics.median(res["train_s"][skip:]),
-            "gen_tokens_per_s": sum(res["gen_tokens"][skip:]) / sum(steps)}
+    return {
+        "framework": "limit: raw vLLM + bare PyTorch",
+        "median_step_s": statistics.median(steps),
+        "median_generate_s": statistics.median(res["gen_s"][skip:]),
+        "median_train_s": statistics.median(res["train_s"][skip:]),
+        "gen_tokens_per_s": sum(res["gen_tokens"][skip:]) / sum(steps),
+    }
 
 
 def main() -> None:

@@ -21,8 +21,8 @@ Reported per framework: median wall time per step and its generate/train phases,
 tokens per second of step time, and the reward of every step. The shape flag picks W1 (tiny,
 overhead-bound) or W2 (~100M params, generation-bound).
 
-    .venv/bin/python benchmarks/grpo_vs_trl.py [--shape tiny|100m] [--steps 12] [--group-size 8]
-    .venv/bin/python benchmarks/grpo_vs_trl.py --model smollm2-135m-instruct --max-new-tokens 128 \
+    .venv/bin/python -m benchmarks.grpo_vs_trl [--shape tiny|100m] [--steps 12] [--group-size 8]
+    .venv/bin/python -m benchmarks.grpo_vs_trl --model smollm2-135m-instruct --max-new-tokens 128 \
         --prompts 2 --steps 5 --skip 1 --micro-batch 8 --lr 1e-5
 
 Prints a table and writes benchmarks/out/grpo_vs_trl_<shape or model>.json.
@@ -40,33 +40,77 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import OUT, ROOT, SHAPES, model_for, table  # noqa: E402
+from benchmarks.common import OUT, ROOT, SHAPES, model_for, table
 
 NUM_TRAIN = 2000
-FLEXIBLE = {"name": "accuracy", "fn": "accuracy", "weight": 1.0, "needs_labels": True,
-            "kwargs": {"extract": "flexible"}}
-SYSTEM = ("You are a helpful math tutor. Solve the problem in one or two short sentences, then write "
-          "'The answer is N.' where N is a number.")  # the no-warm-up SmolLM2 run's (RESULTS.md)
+FLEXIBLE = {
+    "name": "accuracy",
+    "fn": "accuracy",
+    "weight": 1.0,
+    "needs_labels": True,
+    "kwargs": {"extract": "flexible"},
+}
+SYSTEM = (
+    "You are a helpful math tutor. Solve the problem in one or two short sentences, then write "
+    "'The answer is N.' where N is a number."
+)  # the no-warm-up SmolLM2 run's (RESULTS.md)
 
 
 def run_raypost(args: argparse.Namespace, model: Path, out: Path) -> dict:
     """pipelines/grpo.py on its own local cluster; returns per-step metrics and the trained ids."""
     run = out / "raypost"
     shutil.rmtree(run, ignore_errors=True)
-    cmd = [sys.executable, "pipelines/grpo.py", "--model", str(model), "--run.storage_path", str(out),
-           "--run.name", "raypost", "--run.wandb_mode", "disabled", "--run.checkpoint_every", "1000000",
-           "--data.synthetic.num_train", str(NUM_TRAIN), "--data.max_eval_samples", "32",
-           "--warmup.train.max_steps", str(args.warmup_steps), "--algo.steps", str(args.steps),
-           "--algo.group_size", str(args.group_size), "--algo.prompts_per_step", str(args.prompts),
-           "--algo.max_new_tokens", str(args.max_new_tokens), "--algo.beta", "0",
-           "--algo.loss", "grpo", "--optim.lr", str(args.lr), "--optim.micro_batch_size", str(args.micro_batch),
-           "--rollout.weights_dir", f"/dev/shm/raypost-bench-{os.getpid()}"]
+    cmd = [
+        sys.executable,
+        "pipelines/grpo.py",
+        "--model",
+        str(model),
+        "--run.storage_path",
+        str(out),
+        "--run.name",
+        "raypost",
+        "--run.wandb_mode",
+        "disabled",
+        "--run.checkpoint_every",
+        "1000000",
+        "--data.synthetic.num_train",
+        str(NUM_TRAIN),
+        "--data.max_eval_samples",
+        "32",
+        "--warmup.train.max_steps",
+        str(args.warmup_steps),
+        "--algo.steps",
+        str(args.steps),
+        "--algo.group_size",
+        str(args.group_size),
+        "--algo.prompts_per_step",
+        str(args.prompts),
+        "--algo.max_new_tokens",
+        str(args.max_new_tokens),
+        "--algo.beta",
+        "0",
+        "--algo.loss",
+        "grpo",
+        "--optim.lr",
+        str(args.lr),
+        "--optim.micro_batch_size",
+        str(args.micro_batch),
+        "--rollout.weights_dir",
+        f"/dev/shm/raypost-bench-{os.getpid()}",
+    ]
     if args.model:  # a pretrained model: no warm-up, its chat template with the system prompt, flexible answers
-        cmd += ["--warmup.enabled", "false", "--eval.extract", "flexible", "--eval.max_new_tokens",
-                str(args.max_new_tokens), "--reward.rewards", json.dumps([FLEXIBLE]),
-                "--algo.temperature", str(args.temperature)]
+        cmd += [
+            "--warmup.enabled",
+            "false",
+            "--eval.extract",
+            "flexible",
+            "--eval.max_new_tokens",
+            str(args.max_new_tokens),
+            "--reward.rewards",
+            json.dumps([FLEXIBLE]),
+            "--algo.temperature",
+            str(args.temperature),
+        ]
         cmd += ["--data.system_prompt", args.system] if args.system else []
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     t0 = time.time()
@@ -77,13 +121,20 @@ def run_raypost(args: argparse.Namespace, model: Path, out: Path) -> dict:
     steps = [r for r in rows if r.get("phase") == "grpo"]
     trained = [json.loads(x)["ids"] for x in (run / "trained_samples.jsonl").read_text().splitlines()]
     report = json.loads((run / "report.json").read_text())
-    warm = (run / "warmup_done.json")
-    return {"step_s": [r["step_s"] for r in steps], "reward": [r["reward_mean"] for r in steps],
-            "gen_tokens": [r["response_len"] * args.prompts * args.group_size for r in steps],
-            "generate_s": [r["generate_s"] for r in steps], "train_s": [r["train_s"] for r in steps],
-            "push_s": [r["push_s"] for r in steps], "phase_s": report["phase_s"], "job_wall_s": time.time() - t0,
-            "warm_model": json.loads(warm.read_text())["model_path"] if warm.is_file() else str(model),
-            "trained_ids": trained, "run": run}
+    warm = run / "warmup_done.json"
+    return {
+        "step_s": [r["step_s"] for r in steps],
+        "reward": [r["reward_mean"] for r in steps],
+        "gen_tokens": [r["response_len"] * args.prompts * args.group_size for r in steps],
+        "generate_s": [r["generate_s"] for r in steps],
+        "train_s": [r["train_s"] for r in steps],
+        "push_s": [r["push_s"] for r in steps],
+        "phase_s": report["phase_s"],
+        "job_wall_s": time.time() - t0,
+        "warm_model": json.loads(warm.read_text())["model_path"] if warm.is_file() else str(model),
+        "trained_ids": trained,
+        "run": run,
+    }
 
 
 def prompt_rows(run: Path, trained_ids: list[list[str]], group_size: int, system: str | None) -> list[dict]:
@@ -100,7 +151,8 @@ def prompt_rows(run: Path, trained_ids: list[list[str]], group_size: int, system
         for sid in ids[::group_size]:
             r = by_id[sid.split("#")[0]]
             chat = ([{"role": "system", "content": system}] if system else []) + [
-                {"role": "user", "content": r["question"]}]
+                {"role": "user", "content": r["question"]}
+            ]
             rows.append({"prompt": chat, "answer": final_answer(r["answer"]), "question": r["question"]})
     return rows
 
@@ -130,20 +182,47 @@ def run_trl(args: argparse.Namespace, model: str, rows: list[dict], out: Path) -
         def on_log(self, a, state, control, logs=None, **kw):
             if logs and "reward" in logs:
                 history.append(dict(logs))
-    cfg = GRPOConfig(output_dir=str(out / "trl"), per_device_train_batch_size=args.prompts * args.group_size,
-                     num_generations=args.group_size, max_completion_length=args.max_new_tokens, max_steps=args.steps,
-                     learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, adam_beta2=0.95,
-                     max_grad_norm=1.0, beta=0.0, epsilon=0.2, loss_type="grpo", scale_rewards="group",
-                     temperature=args.temperature, shuffle_dataset=False, use_cpu=True, bf16=False,
-                     report_to="none", logging_steps=1, save_strategy="no", disable_tqdm=True, seed=0,
-                     dataloader_num_workers=0, dataloader_pin_memory=False)
+
+    cfg = GRPOConfig(
+        output_dir=str(out / "trl"),
+        per_device_train_batch_size=args.prompts * args.group_size,
+        num_generations=args.group_size,
+        max_completion_length=args.max_new_tokens,
+        max_steps=args.steps,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        adam_beta2=0.95,
+        max_grad_norm=1.0,
+        beta=0.0,
+        epsilon=0.2,
+        loss_type="grpo",
+        scale_rewards="group",
+        temperature=args.temperature,
+        shuffle_dataset=False,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+        dataloader_num_workers=0,
+        dataloader_pin_memory=False,
+    )
+
     def flexible_accuracy(prompts, completions, answer, **kwargs):  # TRL names a reward by __name__
         return accuracy_reward(prompts, completions, answer, extract="flexible")
 
     reward = flexible_accuracy if args.model else accuracy_reward
-    trainer = GRPOTrainer(model=load_causal_lm(model), reward_funcs=[reward], args=cfg,
-                          train_dataset=Dataset.from_list([{k: r[k] for k in ("prompt", "answer")} for r in rows]),
-                          processing_class=load_tokenizer(model), callbacks=[Timer()])
+    trainer = GRPOTrainer(
+        model=load_causal_lm(model),
+        reward_funcs=[reward],
+        args=cfg,
+        train_dataset=Dataset.from_list([{k: r[k] for k in ("prompt", "answer")} for r in rows]),
+        processing_class=load_tokenizer(model),
+        callbacks=[Timer()],
+    )
     generate = trainer._generate_and_score_completions  # timed: the generation (and scoring) phase
 
     def timed(*a, **kw):
@@ -152,13 +231,19 @@ def run_trl(args: argparse.Namespace, model: str, rows: list[dict], out: Path) -
             return generate(*a, **kw)
         finally:
             gen_s.append(time.perf_counter() - t)
+
     trainer._generate_and_score_completions = timed
     t0 = time.time()
     trainer.train()
     n = args.prompts * args.group_size
-    return {"step_s": step_s, "reward": [r["reward"] for r in history], "generate_s": gen_s,
-            "train_s": [s - g for s, g in zip(step_s, gen_s)],
-            "gen_tokens": [r["completions/mean_length"] * n for r in history], "wall_s": time.time() - t0}
+    return {
+        "step_s": step_s,
+        "reward": [r["reward"] for r in history],
+        "generate_s": gen_s,
+        "train_s": [s - g for s, g in zip(step_s, gen_s)],
+        "gen_tokens": [r["completions/mean_length"] * n for r in history],
+        "wall_s": time.time() - t0,
+    }
 
 
 def run_limit(args: argparse.Namespace, model: str, rows: list[dict], out: Path) -> dict:
@@ -166,15 +251,35 @@ def run_limit(args: argparse.Namespace, model: str, rows: list[dict], out: Path)
     from benchmarks.common import run_child
     from benchmarks.grpo_limit import MARK
 
-    per_step = [[{"question": r["question"], "answer": r["answer"]} for r in rows[i:i + args.prompts]]
-                for i in range(0, args.steps * args.prompts, args.prompts)]
+    per_step = [
+        [{"question": r["question"], "answer": r["answer"]} for r in rows[i : i + args.prompts]]
+        for i in range(0, args.steps * args.prompts, args.prompts)
+    ]
     (out / "limit_prompts.json").write_text(json.dumps(per_step))
-    flags = ["--model", model, "--prompts-json", str(out / "limit_prompts.json"), "--group-size", str(args.group_size),
-             "--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature),
-             "--micro-batch", str(args.micro_batch), "--lr", str(args.lr)]
+    flags = [
+        "--model",
+        model,
+        "--prompts-json",
+        str(out / "limit_prompts.json"),
+        "--group-size",
+        str(args.group_size),
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+        "--temperature",
+        str(args.temperature),
+        "--micro-batch",
+        str(args.micro_batch),
+        "--lr",
+        str(args.lr),
+    ]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    return run_child(ROOT / "benchmarks" / "grpo_limit.py", flags + (["--system", args.system] if args.system else []),
-                     base_env=env, timeout=3600, mark=MARK)
+    return run_child(
+        ROOT / "benchmarks" / "grpo_limit.py",
+        flags + (["--system", args.system] if args.system else []),
+        base_env=env,
+        timeout=3600,
+        mark=MARK,
+    )
 
 
 def summarize(name: str, res: dict, skip: int) -> dict:
@@ -182,9 +287,14 @@ def summarize(name: str, res: dict, skip: int) -> dict:
     steps = res["step_s"][skip:]
     toks = res["gen_tokens"][skip:]
     phases = {f"median_{k}": statistics.median(res[k][skip:]) for k in ("generate_s", "train_s", "push_s") if k in res}
-    return {"framework": name, "median_step_s": statistics.median(steps), **phases,
-            "gen_tokens_per_s": sum(toks) / sum(steps), "mean_reward": statistics.mean(res["reward"]),
-            "reward_per_step": [round(r, 4) for r in res["reward"]]}
+    return {
+        "framework": name,
+        "median_step_s": statistics.median(steps),
+        **phases,
+        "gen_tokens_per_s": sum(toks) / sum(steps),
+        "mean_reward": statistics.mean(res["reward"]),
+        "reward_per_step": [round(r, 4) for r in res["reward"]],
+    }
 
 
 def main() -> None:
@@ -198,8 +308,12 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=5e-5, help="the GRPO default")
     ap.add_argument("--micro-batch", type=int, default=16)
     ap.add_argument("--warmup-steps", type=int, default=60, help="raypost SFT warm-up steps (the shared start)")
-    ap.add_argument("--model", default=None, help="a pretrained model (path or raypost name) instead of --shape: "
-                                                  "no warm-up, flexible answers, and the limit row")
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="a pretrained model (path or raypost name) instead of --shape: "
+        "no warm-up, flexible answers, and the limit row",
+    )
     ap.add_argument("--system", default=None, help="--model: the system prompt (default: examples/grpo_smollm2.yaml's)")
     ap.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1.0; --model 0.7)")
     args = ap.parse_args()
@@ -226,19 +340,41 @@ def main() -> None:
         rows.append({**summarize_limit(limit, args.skip), "mean_reward": None, "reward_per_step": []})
     ratio = rows[0]["median_step_s"] / rows[1]["median_step_s"]
     vs_limit = rows[0]["median_step_s"] / rows[2]["median_step_s"] if args.model else None
-    print(table(f"\nGRPO, {tag} model, {args.prompts} prompts x G={args.group_size}, {args.max_new_tokens} new "
-                f"tokens, {args.steps} steps (medians skip {args.skip}); raypost/TRL step time = {ratio:.2f}"
-                + (f"; raypost/limit = {vs_limit:.2f}" if vs_limit else ""),
-                ["framework", "median step s", "generate s", "train s", "gen tok/s", "mean reward"],
-                [[r["framework"], f"{r['median_step_s']:.2f}", f"{r.get('median_generate_s', float('nan')):.2f}",
-                  f"{r.get('median_train_s', float('nan')):.2f}", f"{r['gen_tokens_per_s']:.0f}",
-                  "-" if r["mean_reward"] is None else f"{r['mean_reward']:.3f}"] for r in rows]))
+    print(
+        table(
+            f"\nGRPO, {tag} model, {args.prompts} prompts x G={args.group_size}, {args.max_new_tokens} new "
+            f"tokens, {args.steps} steps (medians skip {args.skip}); raypost/TRL step time = {ratio:.2f}"
+            + (f"; raypost/limit = {vs_limit:.2f}" if vs_limit else ""),
+            ["framework", "median step s", "generate s", "train s", "gen tok/s", "mean reward"],
+            [
+                [
+                    r["framework"],
+                    f"{r['median_step_s']:.2f}",
+                    f"{r.get('median_generate_s', float('nan')):.2f}",
+                    f"{r.get('median_train_s', float('nan')):.2f}",
+                    f"{r['gen_tokens_per_s']:.0f}",
+                    "-" if r["mean_reward"] is None else f"{r['mean_reward']:.3f}",
+                ]
+                for r in rows
+            ],
+        )
+    )
     for r in rows[:2]:
         print(f"{r['framework']:16s} reward/step: {r['reward_per_step']}")
-    (OUT / f"grpo_vs_trl_{tag}.json").write_text(json.dumps(
-        {"config": vars(args), "results": rows, "step_time_ratio_raypost_over_trl": ratio,
-         "step_time_ratio_raypost_over_limit": vs_limit, "raypost_phase_s": ours["phase_s"],
-         "raypost_job_wall_s": ours["job_wall_s"], "trl_wall_s": theirs["wall_s"]}, indent=2))
+    (OUT / f"grpo_vs_trl_{tag}.json").write_text(
+        json.dumps(
+            {
+                "config": vars(args),
+                "results": rows,
+                "step_time_ratio_raypost_over_trl": ratio,
+                "step_time_ratio_raypost_over_limit": vs_limit,
+                "raypost_phase_s": ours["phase_s"],
+                "raypost_job_wall_s": ours["job_wall_s"],
+                "trl_wall_s": theirs["wall_s"],
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

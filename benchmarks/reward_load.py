@@ -1,7 +1,7 @@
 """Load on the reward endpoint over real HTTP (127.0.0.1): N concurrent clients for a fixed
 time, each POSTing /v1/rewards with ``--items`` (prompt, completion, label) items.
 
-    .venv/bin/python benchmarks/reward_load.py [--clients 1 8 32] [--seconds 30] [--replicas 1 2]
+    .venv/bin/python -m benchmarks.reward_load [--clients 1 8 32] [--seconds 30] [--replicas 1 2]
                                                [--autoscale] [--items 4] [--model RM_PATH]
                                                [--batching 16:0.005 64:0.005 64:0.02]
 
@@ -19,15 +19,11 @@ import json
 import os
 import socket
 import statistics
-import sys
 import threading
 import time
-from pathlib import Path
 
 import requests
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import OUT, table  # noqa: E402
+from common import OUT, table
 
 
 def free_port() -> int:
@@ -37,8 +33,13 @@ def free_port() -> int:
 
 
 def load(url: str, clients: int, seconds: float, items: int) -> dict:
-    body = json.dumps({"prompts": ["Ava has 3 pens. She buys 4 more. How many pens?"] * items,
-                       "completions": ["3 + 4 = 7\n#### 7"] * items, "labels": ["7"] * items}).encode()
+    body = json.dumps(
+        {
+            "prompts": ["Ava has 3 pens. She buys 4 more. How many pens?"] * items,
+            "completions": ["3 + 4 = 7\n#### 7"] * items,
+            "labels": ["7"] * items,
+        }
+    ).encode()
     latencies: list[float] = []
     errors = [0]
     lock = threading.Lock()
@@ -66,8 +67,13 @@ def load(url: str, clients: int, seconds: float, items: int) -> dict:
         t.join()
     wall = time.time() - t0
     q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [float("nan")] * 99
-    return {"requests": len(latencies) + errors[0], "errors": errors[0], "rps": len(latencies) / wall,
-            "p50_ms": 1000 * q[49], "p99_ms": 1000 * q[98]}
+    return {
+        "requests": len(latencies) + errors[0],
+        "errors": errors[0],
+        "rps": len(latencies) / wall,
+        "p50_ms": 1000 * q[49],
+        "p99_ms": 1000 * q[98],
+    }
 
 
 def main() -> None:
@@ -86,7 +92,6 @@ def main() -> None:
     import ray
     from ray import serve
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from raypost.config import build
     from raypost.config.serve import RewardServiceConfig
     from raypost.serve.reward_app import build_app
@@ -94,32 +99,66 @@ def main() -> None:
     ray.init(include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    batching = [(f"1 replica, batch {b}", {"num_replicas": 1, "max_batch_size": int(b.split(":")[0]),
-                                           "batch_wait_timeout_s": float(b.split(":")[1])}) for b in args.batching]
+    batching = [
+        (
+            f"1 replica, batch {b}",
+            {"num_replicas": 1, "max_batch_size": int(b.split(":")[0]), "batch_wait_timeout_s": float(b.split(":")[1])},
+        )
+        for b in args.batching
+    ]
     setups = batching + [(f"{r} replica(s)", {"num_replicas": r}) for r in args.replicas]
     if args.autoscale:
-        setups.append((f"autoscale 1..{max(args.replicas)}", {"autoscale_max_replicas": max(args.replicas),
-                                                              "target_ongoing_requests": 4}))
+        setups.append(
+            (
+                f"autoscale 1..{max(args.replicas)}",
+                {"autoscale_max_replicas": max(args.replicas), "target_ongoing_requests": 4},
+            )
+        )
     results, rows = [], []
     cpus = max(0.25, (os.cpu_count() or 2) / (2 * max(args.replicas)))
     for label, extra in setups:
         model = {"model": {"path": args.model, "name": "rm", "max_length": 256}} if args.model else {}
-        cfg = build(RewardServiceConfig, {"cpus_per_replica": cpus, "max_batch_size": args.max_batch_size,
-                                          "batch_wait_timeout_s": args.batch_wait_timeout_s, **model, **extra})
+        cfg = build(
+            RewardServiceConfig,
+            {
+                "cpus_per_replica": cpus,
+                "max_batch_size": args.max_batch_size,
+                "batch_wait_timeout_s": args.batch_wait_timeout_s,
+                **model,
+                **extra,
+            },
+        )
         serve.run(build_app(cfg), name="reward", route_prefix="/")
-        for n in ([max(args.clients)] if label.startswith("1 replica, batch") else args.clients):
-            res = {"setup": label, "clients": n, **load(f"http://127.0.0.1:{port}/v1/rewards", n, args.seconds,
-                                                        args.items)}
+        for n in [max(args.clients)] if label.startswith("1 replica, batch") else args.clients:
+            res = {
+                "setup": label,
+                "clients": n,
+                **load(f"http://127.0.0.1:{port}/v1/rewards", n, args.seconds, args.items),
+            }
             results.append(res)
-            rows.append([label, n, res["requests"], res["errors"], f"{res['rps']:.1f}", f"{res['p50_ms']:.1f}",
-                         f"{res['p99_ms']:.1f}"])
+            rows.append(
+                [
+                    label,
+                    n,
+                    res["requests"],
+                    res["errors"],
+                    f"{res['rps']:.1f}",
+                    f"{res['p50_ms']:.1f}",
+                    f"{res['p99_ms']:.1f}",
+                ]
+            )
         serve.delete("reward")
     serve.shutdown()
     ray.shutdown()
-    print(table(f"\nreward endpoint load, {args.items} items/request, {args.seconds:.0f} s per row, "
-                f"reward model: {args.model or 'none'}; replica rows: max_batch_size {args.max_batch_size}, "
-                f"batch_wait_timeout_s {args.batch_wait_timeout_s}",
-                ["setup", "clients", "requests", "errors", "req/s", "p50 ms", "p99 ms"], rows))
+    print(
+        table(
+            f"\nreward endpoint load, {args.items} items/request, {args.seconds:.0f} s per row, "
+            f"reward model: {args.model or 'none'}; replica rows: max_batch_size {args.max_batch_size}, "
+            f"batch_wait_timeout_s {args.batch_wait_timeout_s}",
+            ["setup", "clients", "requests", "errors", "req/s", "p50 ms", "p99 ms"],
+            rows,
+        )
+    )
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "reward_load.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
 

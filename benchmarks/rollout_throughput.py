@@ -7,7 +7,7 @@ benchmark run, back to back); every
 figure is the median of ``--repeats`` timed rounds after one warm-up round. Generated
 tokens are counted as returned (EOS can end a sample early).
 
-    .venv/bin/python benchmarks/rollout_throughput.py [--shape tiny|100m] [--prompts 16] [--n 8] [--max-tokens 64]
+    .venv/bin/python -m benchmarks.rollout_throughput [--shape tiny|100m] [--prompts 16] [--n 8] [--max-tokens 64]
 
 Prints a table and writes benchmarks/out/rollout_throughput_<shape>.json.
 """
@@ -19,12 +19,10 @@ import asyncio
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import OUT, model_for, prompts_for, run_child, table  # noqa: E402
+from common import OUT, model_for, prompts_for, run_child, table
 
 
 def timed_rounds(fn, repeats: int) -> list[float]:
@@ -50,9 +48,16 @@ def child_transformers(model: Path, prompts, n: int, max_tokens: int, repeats: i
 
     def go() -> int:
         with torch.no_grad():
-            out = lm.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0,
-                              num_return_sequences=n, max_new_tokens=max_tokens, pad_token_id=tok.pad_token_id,
-                              eos_token_id=tok.eos_token_id)
+            out = lm.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=True,
+                temperature=1.0,
+                num_return_sequences=n,
+                max_new_tokens=max_tokens,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+            )
         gen = out[:, t:]
         return int(((gen != tok.pad_token_id).cumprod(dim=1)).sum())
 
@@ -66,8 +71,15 @@ def child_vllm(model: Path, prompts, n: int, max_tokens: int, repeats: int) -> l
     from vllm.inputs import TokensPrompt
 
     # Same engine settings as raypost's replicas: sampled-token logprobs of the processed distribution.
-    llm = LLM(model=str(model), dtype="float32", enforce_eager=True, max_model_len=512, seed=0,
-              max_num_seqs=256, logprobs_mode="processed_logprobs")
+    llm = LLM(
+        model=str(model),
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=512,
+        seed=0,
+        max_num_seqs=256,
+        logprobs_mode="processed_logprobs",
+    )
     params = SamplingParams(n=n, temperature=1.0, max_tokens=max_tokens, logprobs=0)
     batch = [TokensPrompt(prompt_token_ids=p) for p in prompts]
 
@@ -91,8 +103,15 @@ def child_serve(model: Path, prompts, n: int, max_tokens: int, repeats: int, rep
     from raypost.serve.rollout_client import RolloutClient
 
     ray.init(num_cpus=max(2, replicas), include_dashboard=False, log_to_driver=False)
-    cfg = build(RolloutConfig, {"num_replicas": replicas, "cpus_per_replica": 1, "max_model_len": 512,
-                                "weights_dir": f"/dev/shm/raypost-bench-{os.getpid()}"})
+    cfg = build(
+        RolloutConfig,
+        {
+            "num_replicas": replicas,
+            "cpus_per_replica": 1,
+            "max_model_len": 512,
+            "weights_dir": f"/dev/shm/raypost-bench-{os.getpid()}",
+        },
+    )
     serve.run(build_app(str(model), cfg), name="rollout", route_prefix=None)
     client = RolloutClient("rollout", cfg.weights_dir)
 
@@ -119,24 +138,50 @@ def main() -> None:
     model = model_for(args.shape)
     prompts = prompts_for(model, args.prompts)
     if args.child:
-        fn = {"transformers": child_transformers, "vllm": child_vllm,
-              "serve1": lambda *a: child_serve(*a, replicas=1), "serve2": lambda *a: child_serve(*a, replicas=2)}
+        fn = {
+            "transformers": child_transformers,
+            "vllm": child_vllm,
+            "serve1": lambda *a: child_serve(*a, replicas=1),
+            "serve2": lambda *a: child_serve(*a, replicas=2),
+        }
         print(json.dumps(fn[args.child](model, prompts, args.n, args.max_tokens, args.repeats)))
         return
-    common = ["--shape", args.shape, "--prompts", str(args.prompts), "--n", str(args.n),
-              "--max-tokens", str(args.max_tokens), "--repeats", str(args.repeats)]
+    common = [
+        "--shape",
+        args.shape,
+        "--prompts",
+        str(args.prompts),
+        "--n",
+        str(args.n),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--repeats",
+        str(args.repeats),
+    ]
     load = os.getloadavg()[0]
-    names = {"transformers": "transformers generate", "vllm": "raw vllm.LLM (in-process)",
-             "serve1": "raypost Serve, 1 replica", "serve2": "raypost Serve, 2 replicas"}
+    names = {
+        "transformers": "transformers generate",
+        "vllm": "raw vllm.LLM (in-process)",
+        "serve1": "raypost Serve, 1 replica",
+        "serve2": "raypost Serve, 2 replicas",
+    }
     rates = {k: statistics.median(run_child(Path(__file__), common + ["--child", k])) for k in names}
     raw = rates["vllm"]
     rows = [[names[k], f"{v:.0f}", f"{v / raw:.2f}", f"{v / rates['transformers']:.2f}"] for k, v in rates.items()]
-    print(table(f"\nrollout throughput, model {args.shape}, {args.prompts} prompts x n={args.n}, max_tokens "
-                f"{args.max_tokens}, fp32, median of {args.repeats}; load before start {load:.2f}",
-                ["variant", "gen tok/s", "vs raw vLLM", "vs transformers"], rows))
+    print(
+        table(
+            f"\nrollout throughput, model {args.shape}, {args.prompts} prompts x n={args.n}, max_tokens "
+            f"{args.max_tokens}, fp32, median of {args.repeats}; load before start {load:.2f}",
+            ["variant", "gen tok/s", "vs raw vLLM", "vs transformers"],
+            rows,
+        )
+    )
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"rollout_throughput_{args.shape}.json").write_text(json.dumps(
-        {"args": vars(args), "tokens_per_s": {names[k]: v for k, v in rates.items()}, "load_before": load}, indent=2))
+    (OUT / f"rollout_throughput_{args.shape}.json").write_text(
+        json.dumps(
+            {"args": vars(args), "tokens_per_s": {names[k]: v for k, v in rates.items()}, "load_before": load}, indent=2
+        )
+    )
 
 
 if __name__ == "__main__":

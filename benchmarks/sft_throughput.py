@@ -6,7 +6,7 @@ padded to the longest row), with AdamW at the same lr. tokens/s counts real (non
 tokens; each figure is the median over the steps after ``--warmup``. raypost is also run
 with packing, its default, as an extra row (same examples, fewer pad tokens).
 
-    .venv/bin/python benchmarks/sft_throughput.py [--steps 20] [--warmup 5] [--batch 32]
+    .venv/bin/python -m benchmarks.sft_throughput [--steps 20] [--warmup 5] [--batch 32]
 
 Prints a table and writes benchmarks/out/sft_throughput.json.
 """
@@ -17,18 +17,15 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from raypost.config import SFTConfig, TinyModelConfig, build  # noqa: E402
-from raypost.data import completion_ids, prompt_ids, sft_example, synthetic  # noqa: E402
-from raypost.models.hf import load_causal_lm, load_tokenizer  # noqa: E402
-from raypost.models.tiny import build_tiny_model  # noqa: E402
+from raypost.config import SFTConfig, TinyModelConfig, build
+from raypost.data import completion_ids, prompt_ids, sft_example, synthetic
+from raypost.models.hf import load_causal_lm, load_tokenizer
+from raypost.models.tiny import build_tiny_model
 
 LR = 1e-3
 
@@ -54,7 +51,7 @@ def bare_loop(model_path: Path, data: list[dict], batch: int, steps: int, warmup
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.95))
     rates = []
     for step in range(steps + warmup):
-        chunk = data[step * batch:(step + 1) * batch]
+        chunk = data[step * batch : (step + 1) * batch]
         b = padded(chunk, pad)
         t0 = time.perf_counter()
         loss = model(**b).loss
@@ -70,29 +67,52 @@ def bare_loop(model_path: Path, data: list[dict], batch: int, steps: int, warmup
 def trl_sft(model_path: Path, data: list[dict], batch: int, steps: int, warmup: int, out: Path) -> float:
     """TRL SFTTrainer on the same pre-tokenized rows (input_ids + labels), no shuffling."""
     from datasets import Dataset
-    from trl import SFTConfig as TRLConfig, SFTTrainer
+    from trl import SFTConfig as TRLConfig
+    from trl import SFTTrainer
 
     from benchmarks.common import step_timer
 
     torch.set_num_threads(os.cpu_count() or 1)
     n = batch * (steps + warmup)
     ds = Dataset.from_list([{"input_ids": e["input_ids"], "labels": e["labels"]} for e in data[:n]])
-    tokens = [sum(len(e["input_ids"]) for e in data[i * batch:(i + 1) * batch]) for i in range(steps + warmup)]
+    tokens = [sum(len(e["input_ids"]) for e in data[i * batch : (i + 1) * batch]) for i in range(steps + warmup)]
     times: list[float] = []
 
-    args = TRLConfig(output_dir=str(out / "trl"), per_device_train_batch_size=batch, max_steps=steps + warmup,
-                     learning_rate=LR, adam_beta2=0.95, max_grad_norm=1.0, lr_scheduler_type="constant",
-                     max_length=256, packing=False, use_cpu=True, bf16=False, report_to="none", logging_steps=10**6,
-                     save_strategy="no", dataloader_num_workers=0, dataloader_pin_memory=False, seed=0,
-                     disable_tqdm=True, train_sampling_strategy="sequential")
-    trainer = SFTTrainer(model=load_causal_lm(model_path), args=args, train_dataset=ds,
-                         processing_class=load_tokenizer(model_path), callbacks=[step_timer(times)])
+    args = TRLConfig(
+        output_dir=str(out / "trl"),
+        per_device_train_batch_size=batch,
+        max_steps=steps + warmup,
+        learning_rate=LR,
+        adam_beta2=0.95,
+        max_grad_norm=1.0,
+        lr_scheduler_type="constant",
+        max_length=256,
+        packing=False,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        logging_steps=10**6,
+        save_strategy="no",
+        dataloader_num_workers=0,
+        dataloader_pin_memory=False,
+        seed=0,
+        disable_tqdm=True,
+        train_sampling_strategy="sequential",
+    )
+    trainer = SFTTrainer(
+        model=load_causal_lm(model_path),
+        args=args,
+        train_dataset=ds,
+        processing_class=load_tokenizer(model_path),
+        callbacks=[step_timer(times)],
+    )
     trainer.train()
     return statistics.median(t / dt for t, dt in zip(tokens[warmup:], times[warmup:]))
 
 
-def raypost_sft(model_path: Path, out: Path, workers: int, batch: int, steps: int, warmup: int, pack: bool,
-                num_train: int) -> float:
+def raypost_sft(
+    model_path: Path, out: Path, workers: int, batch: int, steps: int, warmup: int, pack: bool, num_train: int
+) -> float:
     """The raypost SFT phase as a user runs it (Ray Data -> Ray Train + DeepSpeed ZeRO-2)."""
     from raypost.phases import data as data_phase
     from raypost.phases.sft import run_sft
@@ -100,14 +120,24 @@ def raypost_sft(model_path: Path, out: Path, workers: int, batch: int, steps: in
 
     name = f"raypost-w{workers}-{'packed' if pack else 'padded'}"
     micro = batch // workers if not pack else max(1, batch // (6 * workers))
-    cfg = build(SFTConfig, {
-        "model": {"path": str(model_path)},
-        "data": {"pack": pack, "max_seq_len": 256, "synthetic": {"num_train": num_train, "num_eval": 16}},
-        "optim": {"lr": LR, "micro_batch_size": micro, "scheduler": "constant", "warmup_ratio": 0.0},
-        "deepspeed": {"zero_stage": 2}, "resources": {"num_workers": workers, "cpus_per_worker": 0.5},
-        "train": {"epochs": 1, "max_steps": steps + warmup},
-        "run": {"name": name, "storage_path": str(out / "runs"), "log_every": 1, "checkpoint_every": 10**6,
-                "wandb_mode": "disabled"}})
+    cfg = build(
+        SFTConfig,
+        {
+            "model": {"path": str(model_path)},
+            "data": {"pack": pack, "max_seq_len": 256, "synthetic": {"num_train": num_train, "num_eval": 16}},
+            "optim": {"lr": LR, "micro_batch_size": micro, "scheduler": "constant", "warmup_ratio": 0.0},
+            "deepspeed": {"zero_stage": 2},
+            "resources": {"num_workers": workers, "cpus_per_worker": 0.5},
+            "train": {"epochs": 1, "max_steps": steps + warmup},
+            "run": {
+                "name": name,
+                "storage_path": str(out / "runs"),
+                "log_every": 1,
+                "checkpoint_every": 10**6,
+                "wandb_mode": "disabled",
+            },
+        },
+    )
     run_dir = out / "runs" / name
     run_dir.mkdir(parents=True, exist_ok=True)
     _, data = data_phase.prepare(cfg.data, cfg.model, run_dir)
@@ -129,31 +159,46 @@ def main() -> None:
     shutil.rmtree(args.out / "runs", ignore_errors=True)
     n = args.batch * (args.steps + args.warmup)
     corpus = synthetic.generate(2000, 1234)
-    model_path = build_tiny_model(TinyModelConfig(), [r["question"] for r in corpus] + [r["answer"] for r in corpus],
-                                  args.out / "tiny_model")
+    model_path = build_tiny_model(
+        TinyModelConfig(), [r["question"] for r in corpus] + [r["answer"] for r in corpus], args.out / "tiny_model"
+    )
     data = examples(model_path, n, seed=1234)
     load = os.getloadavg()[0]
-    results = {"bare PyTorch loop": bare_loop(model_path, data, args.batch, args.steps, args.warmup),
-               "TRL SFTTrainer": trl_sft(model_path, data, args.batch, args.steps, args.warmup, args.out)}
+    results = {
+        "bare PyTorch loop": bare_loop(model_path, data, args.batch, args.steps, args.warmup),
+        "TRL SFTTrainer": trl_sft(model_path, data, args.batch, args.steps, args.warmup, args.out),
+    }
     from raypost.utils.cluster import init_ray
 
     init_ray()
     for workers in (1, 2):
-        results[f"raypost, {workers} worker(s)"] = raypost_sft(model_path, args.out, workers, args.batch, args.steps,
-                                                                args.warmup, False, n)
-    results["raypost, 2 workers, packed"] = raypost_sft(model_path, args.out, 2, args.batch, args.steps, args.warmup,
-                                                         True, n)
+        results[f"raypost, {workers} worker(s)"] = raypost_sft(
+            model_path, args.out, workers, args.batch, args.steps, args.warmup, False, n
+        )
+    results["raypost, 2 workers, packed"] = raypost_sft(
+        model_path, args.out, 2, args.batch, args.steps, args.warmup, True, n
+    )
     bare, trl = results["bare PyTorch loop"], results["TRL SFTTrainer"]
-    print(f"\nSFT throughput, tiny Qwen2 ({sum(p.numel() for p in load_causal_lm(model_path).parameters()) / 1e6:.1f}M), "
-          f"batch {args.batch} examples, fp32, median of {args.steps} steps after {args.warmup} warm-up; "
-          f"load before start {load:.2f}")
+    print(
+        f"\nSFT throughput, tiny Qwen2 ({sum(p.numel() for p in load_causal_lm(model_path).parameters()) / 1e6:.1f}M), "
+        f"batch {args.batch} examples, fp32, median of {args.steps} steps after {args.warmup} warm-up; "
+        f"load before start {load:.2f}"
+    )
     print(f"{'run':34s} {'tokens/s':>10s} {'vs TRL':>8s} {'vs bare':>8s}")
     for name, rate in results.items():
         print(f"{name:34s} {rate:10.0f} {rate / trl:8.2f} {rate / bare:8.2f}")
-    (args.out / "sft_throughput.json").write_text(json.dumps(
-        {"config": vars(args) | {"out": str(args.out)}, "tokens_per_s": results, "load_before": load,
-         "ratio_vs_trl": {k: v / trl for k, v in results.items()},
-         "ratio_vs_bare": {k: v / bare for k, v in results.items()}}, indent=2))
+    (args.out / "sft_throughput.json").write_text(
+        json.dumps(
+            {
+                "config": vars(args) | {"out": str(args.out)},
+                "tokens_per_s": results,
+                "load_before": load,
+                "ratio_vs_trl": {k: v / trl for k, v in results.items()},
+                "ratio_vs_bare": {k: v / bare for k, v in results.items()},
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ actors set theirs to the driver's; Ray starts an actor with one).
   publisher's weight server and receives every bucket over a gloo group, as an engine worker
   does (``raypost.serve.collective.receive``). Publish is the learner's copy into the buffer it serves.
 
-  .venv/bin/python benchmarks/weight_push.py                 # tiny model and SmolLM2 (if installed)
+  .venv/bin/python -m benchmarks.weight_push                 # tiny model and SmolLM2 (if installed)
 """
 
 from __future__ import annotations
@@ -38,9 +38,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import OUT, model_for, run_child, table  # noqa: E402
+from benchmarks.common import OUT, model_for, run_child, table
 
 MARK = "PUSH_BENCH "
 
@@ -77,7 +75,7 @@ def time_memcpy(state: dict[str, Any]) -> tuple[float, float]:
     t0, offset = time.perf_counter(), 0
     for v in state.values():
         n = v.numel() * v.element_size()
-        flat[offset:offset + n].view(v.dtype).copy_(v.reshape(-1))
+        flat[offset : offset + n].view(v.dtype).copy_(v.reshape(-1))
         offset += n
     fresh = time.perf_counter() - t0
     del flat
@@ -174,8 +172,9 @@ class Fetcher:
         self.chan.release()
 
 
-def time_across_nodes(address: str, model_dir: Path, repeats: int, transport: str,
-                      threads: int) -> dict[str, list[float]]:
+def time_across_nodes(
+    address: str, model_dir: Path, repeats: int, transport: str, threads: int
+) -> dict[str, list[float]]:
     """In a child process started with the head's environment (its token auth, and 127.0.0.1 kept as
     the address: Ray reads that setting when it is imported)."""
     import ray
@@ -205,8 +204,18 @@ def time_across_nodes(address: str, model_dir: Path, repeats: int, transport: st
 def across_nodes_child(head: Any, model_dir: Path, repeats: int, transport: str) -> dict[str, list[float]]:
     import torch
 
-    args = ["--ray-child", head.address, "--model-dir", str(model_dir), "--repeats", str(repeats),
-            "--transport", transport, "--threads", str(torch.get_num_threads())]
+    args = [
+        "--ray-child",
+        head.address,
+        "--model-dir",
+        str(model_dir),
+        "--repeats",
+        str(repeats),
+        "--transport",
+        transport,
+        "--threads",
+        str(torch.get_num_threads()),
+    ]
     return run_child(Path(__file__), args, base_env=head.env(), timeout=600, mark=MARK)
 
 
@@ -247,15 +256,22 @@ def main() -> None:
             copies = [time_memcpy(state) for _ in range(args.repeats)]
             memcpy = statistics.median(c[0] for c in copies)
             shm = time_shm(state, args.repeats)
-            med = {"memcpy": memcpy, "memcpy, fresh pages": statistics.median(c[1] for c in copies),
-                   "shm publish": statistics.median(s[0] for s in shm),
-                   "shm publish + read": statistics.median(s[1] for s in shm)}
+            med = {
+                "memcpy": memcpy,
+                "memcpy, fresh pages": statistics.median(c[1] for c in copies),
+                "shm publish": statistics.median(s[0] for s in shm),
+                "shm publish + read": statistics.median(s[1] for s in shm),
+            }
             result["models"][name] = {"bytes": nbytes, "median_s": med, "shm_runs": shm}
             for transport, load in (("object_store", "fetch + read"), ("collective", "receive")):
                 runs = across_nodes_child(head, path, args.repeats, transport)
-                med.update({f"{transport} publish": statistics.median(runs["publish"]),
-                            f"{transport} same node, publish + {load}": statistics.median(runs["same node"]),
-                            f"{transport} other node, publish + {load}": statistics.median(runs["other node"])})
+                med.update(
+                    {
+                        f"{transport} publish": statistics.median(runs["publish"]),
+                        f"{transport} same node, publish + {load}": statistics.median(runs["same node"]),
+                        f"{transport} other node, publish + {load}": statistics.median(runs["other node"]),
+                    }
+                )
                 if runs["put alone"]:
                     med["ray.put of the packed bytes alone"] = statistics.median(runs["put alone"])
                 result["models"][name][f"{transport}_runs"] = runs

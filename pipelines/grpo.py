@@ -1,97 +1,14 @@
 """GRPO end to end in one Ray job: SFT warm-up, then GRPO with vLLM rollouts on Ray Serve.
 
-What it does, in order:
-  1. parse and validate the config (YAML + dotted CLI overrides) before any heavy import;
-  2. Ray Data preprocesses prompts (chat template, tokenization, rejects);
-  3. builds the offline tiny model (or loads --model) and warms it up with the SFT learner;
-  4. deploys two Serve apps: "rollout" (vLLM replicas) and "reward" (verifiers + reward model);
-  5. measures held-out greedy accuracy, trains GRPO on Ray Train + DeepSpeed, measures again;
-  6. removes its Serve apps and pushed weights; writes report.json and reward.png.
+The pipeline is ``raypost/pipelines/grpo.py``, which reads top to bottom; this script runs it,
+as ``raypost grpo`` does: ``python pipelines/grpo.py --help`` lists its config keys.
 
-The embedded default's SFT demos are noisy on purpose: half are a weak teacher's guess
-(``#### <first number>``), so the warm-up learns to guess as well as to work the problem, and
-GRPO's accuracy reward selects the worked solutions (README, "The embedded default"; held-out
-accuracy +0.17 to +0.39 on 3 seeds, about 5 minutes on 2 cores).
-
-Departures from the GRPO paper (DeepSeekMath): one policy update per batch (mu = 1); the
-samples' vLLM behaviour log-probs enter through an off-policy correction (truncated importance
-sampling by default, ``--async_rl.correction``), which in sync mode is a weight of 1 up to
-numerics; KL to the reference is off by default (beta = 0, as in DAPO and Dr.GRPO); the
-advantage, loss aggregation (grpo / dapo / dr_grpo), dynamic sampling and overlong handling
-are config choices (``--algo.loss dapo --algo.eps_high 0.28 --algo.dynamic_sampling true``).
-``--async_rl.eta 1`` makes it async: rollouts of the next batches overlap training, and no
-trained sample is more than eta weight versions old (docs/async.md).
-
-Launch:
-  python pipelines/grpo.py                                         # offline embedded default
-  python pipelines/grpo.py --config examples/grpo_tiny.yaml --algo.beta 0.01
-  python pipelines/grpo.py --config examples/grpo_async.yaml                     # async, eta 1
-  python pipelines/grpo.py --model Qwen/Qwen2.5-0.5B-Instruct --dataset ../shared/data/gsm8k/train.jsonl
-  ray job submit --working-dir . -- $PWD/.venv/bin/python pipelines/grpo.py --run.name my-grpo   (README: "Submitting as a Ray job")
-Re-submitting the same command (same run.name and run.storage_path) resumes from the latest checkpoint.
+  ray job submit --working-dir . -- $PWD/.venv/bin/python pipelines/grpo.py --run.name my-grpo
 """
 
-from __future__ import annotations
-
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from raypost.config import ConfigError, load_config  # noqa: E402
-from raypost.config.grpo import GRPOConfig  # noqa: E402
-
-ALIASES = {"model": "model.path", "dataset": "data.path", "name": "run.name"}
-
-
-def main(argv: list[str]) -> dict:
-    cfg = load_config(GRPOConfig, argv, aliases=ALIASES)
-
-    import logging
-    import time
-
-    from raypost.phases import data as data_phase
-    from raypost.phases import grpo as grpo_phase
-    from raypost.utils.report import finish_run
-
-    log = logging.getLogger("raypost")
-    t0 = time.time()
-    run_dir = data_phase.start_run(cfg)
-    grpo_phase.check_placement(cfg)
-
-    # Data and base model.
-    model_path, data = data_phase.prepare(cfg.data, cfg.model, run_dir)
-
-    # SFT warm-up (the SFT learner), then the Serve apps on the warmed-up model.
-    sft_model, warmup_s = grpo_phase.warmup(cfg, model_path, data, run_dir)
-    grpo_phase.reset_weights(cfg)
-    try:  # the Serve apps and pushed weights go when the run ends, also when it fails
-        grpo_phase.deploy(cfg, sft_model, grpo_phase.weights_dir_for(cfg))
-        before = grpo_phase.evaluate(cfg, data)
-        log.info("held-out accuracy before GRPO: %.3f", before["accuracy"])
-
-        # GRPO on Ray Train + DeepSpeed, rollouts on Serve.
-        final_model, grpo_s, metrics = grpo_phase.train(cfg, sft_model, data, run_dir)
-        after = grpo_phase.evaluate(cfg, data, version=cfg.algo.steps)
-        log.info("held-out accuracy after GRPO: %.3f (was %.3f)", after["accuracy"], before["accuracy"])
-    finally:
-        grpo_phase.teardown(cfg)
-
-    report = {
-        "pipeline": "grpo", "config": cfg.model_dump(mode="json"), "model_path": final_model, "data": data.counts,
-        "heldout_accuracy_before": before["accuracy"], "heldout_accuracy_after": after["accuracy"],
-        "heldout_gain": after["accuracy"] - before["accuracy"], "heldout_n": after["n"],
-        "samples_after": after["samples"], "final_metrics": metrics,
-        "phase_s": {"warmup": warmup_s, "grpo": grpo_s}, "wall_s": time.time() - t0,
-    }
-    finish_run(run_dir, report, "metrics.jsonl", ["reward_mean", "accuracy", "response_len", "loss", "step_s"],
-               "reward.png", "GRPO")
-    log.info("report: %s", run_dir / "report.json")
-    return report
-
+from raypost.cli import main
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except ConfigError as err:
-        sys.exit(f"raypost: {err}")
+    sys.exit(main(["grpo", *sys.argv[1:]]))

@@ -10,5 +10,12 @@ from raypost.config.grpo import GRPOConfig
 from raypost.config.serve import RewardServiceConfig, RolloutConfig
 
 __version__ = "0.1.0"
-__all__ = ["ConfigError", "GRPOConfig", "RewardServiceConfig", "RolloutConfig", "SFTConfig", "load_config",
-           "__version__"]
+__all__ = [
+    "ConfigError",
+    "GRPOConfig",
+    "RewardServiceConfig",
+    "RolloutConfig",
+    "SFTConfig",
+    "load_config",
+    "__version__",
+]

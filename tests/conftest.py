@@ -19,7 +19,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 GSM8K = SHARED / "data" / "gsm8k"
-sys.path.insert(0, str(ROOT))
 # Ray Train starts a preemption-watcher actor (one more process) per run, dozens of runs here;
 # the suite has no preemptible nodes to watch. (Not OMP_WAIT_POLICY=PASSIVE: it makes the tiny
 # learners' steps 1.8x slower and the suite took 76 minutes with it; only vLLM replicas set it,
@@ -33,8 +32,14 @@ for _key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
 # Small shapes so learner tests take seconds per step on 2 cores.
-TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 128,
-        "vocab_size": 512}
+TINY = {
+    "hidden_size": 64,
+    "num_layers": 2,
+    "num_heads": 2,
+    "num_kv_heads": 1,
+    "intermediate_size": 128,
+    "vocab_size": 512,
+}
 
 
 @pytest.fixture(scope="session")
@@ -45,8 +50,7 @@ def ray_cluster():
     from raypost.utils.cluster import configure_ray_data
 
     temp = tempfile.mkdtemp(prefix="rpt", dir="/tmp")
-    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=temp, _node_ip_address="127.0.0.1",
-             log_to_driver=False)
+    ray.init(num_cpus=4, include_dashboard=False, _temp_dir=temp, _node_ip_address="127.0.0.1", log_to_driver=False)
     configure_ray_data()
     yield ray.get_runtime_context().gcs_address
     from ray import serve
@@ -82,9 +86,12 @@ DURATIONS = Path(__file__).with_name("durations.json")  # seconds per test (>= 1
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--record-durations", action="store_true",
-                     help=f"write each test's seconds (setup + call + teardown) to {DURATIONS.name}, which "
-                          "orders the work of `make test`'s workers")
+    parser.addoption(
+        "--record-durations",
+        action="store_true",
+        help=f"write each test's seconds (setup + call + teardown) to {DURATIONS.name}, which "
+        "orders the work of `make test`'s workers",
+    )
 
 
 def _group(item: pytest.Item) -> str:
@@ -120,8 +127,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     if session.config.getoption("--record-durations") and not hasattr(session.config, "workerinput"):
-        DURATIONS.write_text(json.dumps({k: round(v, 1) for k, v in sorted(_seconds.items()) if v >= 1.0},
-                                        indent=1) + "\n")
+        DURATIONS.write_text(
+            json.dumps({k: round(v, 1) for k, v in sorted(_seconds.items()) if v >= 1.0}, indent=1) + "\n"
+        )
 
 
 def free_port() -> int:
@@ -142,8 +150,10 @@ def serve_url(ray_cluster):
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     if not _listening(port):
         # serve.start is a no-op once Serve runs: a test before this one started it elsewhere.
-        raise RuntimeError(f"Serve's proxy is not on port {port}: an earlier test on this worker started Serve "
-                           "with other http_options; request the serve_url fixture there and pass its port")
+        raise RuntimeError(
+            f"Serve's proxy is not on port {port}: an earlier test on this worker started Serve "
+            "with other http_options; request the serve_url fixture there and pass its port"
+        )
     yield f"http://127.0.0.1:{port}"
     serve.shutdown()
 
@@ -173,12 +183,19 @@ def tiny_model(tmp_path_factory) -> Path:
     return build_tiny_model(TinyModelConfig(**TINY), texts, tmp_path_factory.mktemp("tiny") / "model")
 
 
-def run_pipeline(script: str, args: list[str], address: str, timeout: float = 1500,
-                 check: bool = True) -> subprocess.CompletedProcess:
+def run_pipeline(
+    script: str, args: list[str], address: str, timeout: float = 1500, check: bool = True
+) -> subprocess.CompletedProcess:
     """Run ``pipelines/<script>`` as its own driver connected to the test cluster."""
     env = {**os.environ, "RAY_ADDRESS": address, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
-    proc = subprocess.run([sys.executable, str(ROOT / "pipelines" / script), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "pipelines" / script), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"{script} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc
@@ -214,8 +231,27 @@ def trained_reward_model(ray_cluster, tmp_path_factory) -> Path:
         subsets[split] = out / f"gsm8k_{split}_head.jsonl"
         with open(GSM8K / f"{split}.jsonl") as f:
             subsets[split].write_text("".join(line for _, line in zip(range(rows), f)))
-    run_pipeline("reward_model.py", ["--dataset", str(subsets["train"]), "--data.eval_path", str(subsets["test"]),
-                                     "--run.storage_path", str(out), "--run.name", "rm", "--run.wandb_mode", "disabled",
-                                     "--train.max_steps", "8", "--optim.lr", "1e-4", "--train.max_eval_pairs", "96"],
-                 ray_cluster, timeout=1500)
+    run_pipeline(
+        "reward_model.py",
+        [
+            "--dataset",
+            str(subsets["train"]),
+            "--data.eval_path",
+            str(subsets["test"]),
+            "--run.storage_path",
+            str(out),
+            "--run.name",
+            "rm",
+            "--run.wandb_mode",
+            "disabled",
+            "--train.max_steps",
+            "8",
+            "--optim.lr",
+            "1e-4",
+            "--train.max_eval_pairs",
+            "96",
+        ],
+        ray_cluster,
+        timeout=1500,
+    )
     return out / "rm"

@@ -125,8 +125,9 @@ def test_micro_batch_shares_add_up_to_the_global_loss_by_hand():
         fn = POLICY_LOSSES.get_fn(name)
         shares = [fn(*mb, p, counts=counts)[0].item() for mb in (mb_a, mb_b)]
         assert sum(shares) == pytest.approx(want), name
-        whole = fn(torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([1.0, -1.0]),
-                   torch.cat([mb_a[3], mb_b[3]]), p)[0].item()  # counts=None: the batch is the whole
+        whole = fn(torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([1.0, -1.0]), torch.cat([mb_a[3], mb_b[3]]), p)[
+            0
+        ].item()  # counts=None: the batch is the whole
         assert whole == pytest.approx(want), name
     dapo = POLICY_LOSSES.get_fn("dapo")
     per_mb_mean = (dapo(*mb_a, p)[0] + dapo(*mb_b, p)[0]).item() / 2

@@ -12,7 +12,8 @@ def _allocator_loop(config: dict) -> None:
     import json
     import os
 
-    maps = open("/proc/self/maps").read()
+    with open("/proc/self/maps") as fh:
+        maps = fh.read()
     with open(config["out"], "w") as fh:
         json.dump({"jemalloc": "libjemalloc" in maps, "malloc_conf": os.environ.get("MALLOC_CONF", "")}, fh)
 

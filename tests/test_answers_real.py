@@ -15,17 +15,20 @@ from raypost.rewards.verifiers import accuracy_reward, answers_match
 REAL = [json.loads(line) for line in (Path(__file__).parent / "data" / "smollm2_answers.jsonl").open()]
 
 
-@pytest.mark.parametrize("text, strict, flexible", [
-    ("4 + 3 = 7\n#### 7", "7", "7"),
-    ("so the result is \\boxed{\\frac{1}{2}}.", None, "\\frac{1}{2}"),
-    ("\\boxed{12} and later \\boxed{13}", None, "13"),  # the last box
-    ("The answer is 1,234.", None, "1,234"),
-    ("Answer: $5 per day, 7 days", None, "5"),  # "answer:" before the last number
-    ("she has 10 - 9 = 1 books left.", None, "1"),  # prose: the last number
-    ("It drops to -3 degrees", None, "-3"),
-    ("#### 7\nthen 9 more", "7", "7"),  # an explicit '####' wins over everything after it
-    ("no number here", None, None),
-])
+@pytest.mark.parametrize(
+    "text, strict, flexible",
+    [
+        ("4 + 3 = 7\n#### 7", "7", "7"),
+        ("so the result is \\boxed{\\frac{1}{2}}.", None, "\\frac{1}{2}"),
+        ("\\boxed{12} and later \\boxed{13}", None, "13"),  # the last box
+        ("The answer is 1,234.", None, "1,234"),
+        ("Answer: $5 per day, 7 days", None, "5"),  # "answer:" before the last number
+        ("she has 10 - 9 = 1 books left.", None, "1"),  # prose: the last number
+        ("It drops to -3 degrees", None, "-3"),
+        ("#### 7\nthen 9 more", "7", "7"),  # an explicit '####' wins over everything after it
+        ("no number here", None, None),
+    ],
+)
 def test_extraction_by_hand(text, strict, flexible):
     assert extract_answer(text, "strict") == strict
     assert extract_answer(text, "flexible") == flexible
@@ -38,14 +41,14 @@ def test_unknown_extraction_names_the_choices():
 
 # Row of REAL -> (strict, flexible) as a reader takes the final answer of that completion.
 READ = {
-    1: ("18", "18"),       # "#### 18\nThe answer is: 18"
-    2: (None, "30"),       # cut at the token budget after "... 6 * 5 = 30 eggs ... is the sum"
-    6: (None, "0"),        # "Gus has 11 - 11 = 0 shells left."
-    11: ("180", "180"),    # "#### 180\nThe answer is: 180"
-    13: ("18", "18"),      # "#### 18\n\nThe answer is 18."
-    14: (None, "6"),       # "... 6 boxes = 6 * 2 = 12 eggs\n\nThe answer is 6."
-    18: (None, "20"),      # "12 + 11 = 20\nGus has 20 shells left."
-    19: (None, "40"),      # "Solving this equation: 8 * 5 = 40\n\nThe answer is 40."
+    1: ("18", "18"),  # "#### 18\nThe answer is: 18"
+    2: (None, "30"),  # cut at the token budget after "... 6 * 5 = 30 eggs ... is the sum"
+    6: (None, "0"),  # "Gus has 11 - 11 = 0 shells left."
+    11: ("180", "180"),  # "#### 180\nThe answer is: 180"
+    13: ("18", "18"),  # "#### 18\n\nThe answer is 18."
+    14: (None, "6"),  # "... 6 boxes = 6 * 2 = 12 eggs\n\nThe answer is 6."
+    18: (None, "20"),  # "12 + 11 = 20\nGus has 20 shells left."
+    19: (None, "40"),  # "Solving this equation: 8 * 5 = 40\n\nThe answer is 40."
     22: (None, "80,000"),  # the last number of a cut-off GSM8K answer
 }
 

@@ -18,8 +18,11 @@ import yaml
 from tests.conftest import ROOT, SHARED
 
 CONFIGS = ROOT / "cluster_configs"
-CRD_FILES = {"RayCluster": "ray.io_rayclusters.yaml", "RayJob": "ray.io_rayjobs.yaml",
-             "RayService": "ray.io_rayservices.yaml"}
+CRD_FILES = {
+    "RayCluster": "ray.io_rayclusters.yaml",
+    "RayJob": "ray.io_rayjobs.yaml",
+    "RayService": "ray.io_rayservices.yaml",
+}
 _SCHEMAS: dict[str, dict[str, Any]] = {}
 
 
@@ -55,19 +58,24 @@ def unknown_fields(obj: Any, schema: dict[str, Any], path: str = "") -> list[str
 
 def manifest_errors(doc: dict[str, Any]) -> list[str]:
     schema = crd_schema(doc["kind"])
-    errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
-              for e in jsonschema.Draft7Validator(schema).iter_errors(doc)]
+    errors = [
+        f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+        for e in jsonschema.Draft7Validator(schema).iter_errors(doc)
+    ]
     return errors + [f"unknown field {f}" for f in unknown_fields(doc, schema)]
 
 
 def documents(pattern: str) -> list[tuple[str, dict[str, Any]]]:
-    return [(f"{p.name}#{i}", d) for p in sorted(CONFIGS.glob(pattern))
-            for i, d in enumerate(yaml.safe_load_all(p.read_text())) if d]
+    return [
+        (f"{p.name}#{i}", d)
+        for p in sorted(CONFIGS.glob(pattern))
+        for i, d in enumerate(yaml.safe_load_all(p.read_text()))
+        if d
+    ]
 
 
 KUBERAY = [(n, d) for n, d in documents("kuberay/*.yaml") if d["kind"] in CRD_FILES]
-CORE = {f"{d['kind']}/{d['metadata']['name']}": d
-        for _, d in documents("kuberay/*.yaml") if d["kind"] not in CRD_FILES}
+CORE = {f"{d['kind']}/{d['metadata']['name']}": d for _, d in documents("kuberay/*.yaml") if d["kind"] not in CRD_FILES}
 
 
 def cluster_specs(doc: dict[str, Any]) -> dict[str, Any]:
@@ -79,9 +87,15 @@ def cluster_specs(doc: dict[str, Any]) -> dict[str, Any]:
 def test_every_kind_is_shipped_with_a_gpu_variant():
     kinds = sorted(d["kind"] for _, d in KUBERAY)
     assert {"RayCluster", "RayJob", "RayService"} <= set(kinds)
-    gpu = [n for n, d in KUBERAY if any("nvidia.com/gpu" in c["resources"].get("limits", {})
-                                        for g in cluster_specs(d)["workerGroupSpecs"]
-                                        for c in g["template"]["spec"]["containers"])]
+    gpu = [
+        n
+        for n, d in KUBERAY
+        if any(
+            "nvidia.com/gpu" in c["resources"].get("limits", {})
+            for g in cluster_specs(d)["workerGroupSpecs"]
+            for c in g["template"]["spec"]["containers"]
+        )
+    ]
     assert {n.split("#")[0] for n in gpu} >= {"raycluster-gpu.yaml", "rayjob-grpo-gpu.yaml"}
 
 
@@ -121,33 +135,42 @@ def test_gcs_fault_tolerance_uses_the_shipped_redis_and_shared_runs(name, doc):
     assert spec["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
     pods = [spec["headGroupSpec"]["template"]] + [g["template"] for g in spec["workerGroupSpecs"]]
     for pod in pods:
-        claims = {v["persistentVolumeClaim"]["claimName"]
-                  for v in pod["spec"]["volumes"] if "persistentVolumeClaim" in v}
+        claims = {
+            v["persistentVolumeClaim"]["claimName"] for v in pod["spec"]["volumes"] if "persistentVolumeClaim" in v
+        }
         assert claims == {CORE["PersistentVolumeClaim/raypost-runs"]["metadata"]["name"]}
         assert all({"name": "runs", "mountPath": "/mnt/runs"} in c["volumeMounts"] for c in pod["spec"]["containers"])
     assert CORE["PersistentVolumeClaim/raypost-runs"]["spec"]["accessModes"] == ["ReadWriteMany"]
 
 
 def _local(arg: str) -> str:
-    return str(ROOT / arg[len("/app/"):]) if arg.startswith("/app/") else arg
+    return str(ROOT / arg[len("/app/") :]) if arg.startswith("/app/") else arg
 
 
-@pytest.mark.parametrize("name,doc", [(n, d) for n, d in KUBERAY if d["kind"] == "RayJob"],
-                         ids=[n for n, d in KUBERAY if d["kind"] == "RayJob"])
+@pytest.mark.parametrize(
+    "name,doc",
+    [(n, d) for n, d in KUBERAY if d["kind"] == "RayJob"],
+    ids=[n for n, d in KUBERAY if d["kind"] == "RayJob"],
+)
 def test_rayjob_entrypoint_is_a_valid_resumable_pipeline_command(name, doc):
-    from pipelines.grpo import ALIASES
     from raypost.config import load_config
     from raypost.config.grpo import GRPOConfig
+    from raypost.pipelines.registry import ALIASES
 
     argv = [_local(a) for a in shlex.split(doc["spec"]["entrypoint"])]
     assert argv[:2] == ["python", str(ROOT / "pipelines" / "grpo.py")]
     cfg = load_config(GRPOConfig, argv[2:], aliases=ALIASES)
     assert cfg.run.storage_path == "/mnt/runs" and cfg.run.name != "grpo"  # same folder on every retry
     assert doc["spec"]["backoffLimit"] >= 1
-    gpus = sum(int(c["resources"]["limits"].get("nvidia.com/gpu", 0)) * g["maxReplicas"]
-               for g in doc["spec"]["rayClusterSpec"]["workerGroupSpecs"] for c in g["template"]["spec"]["containers"])
-    wanted = (cfg.resources.num_workers * cfg.resources.gpus_per_worker
-              + cfg.rollout.num_replicas * cfg.rollout.gpus_per_replica)
+    gpus = sum(
+        int(c["resources"]["limits"].get("nvidia.com/gpu", 0)) * g["maxReplicas"]
+        for g in doc["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+        for c in g["template"]["spec"]["containers"]
+    )
+    wanted = (
+        cfg.resources.num_workers * cfg.resources.gpus_per_worker
+        + cfg.rollout.num_replicas * cfg.rollout.gpus_per_replica
+    )
     assert gpus >= wanted
 
 
@@ -184,8 +207,12 @@ def dockerfile_image(text: str) -> tuple[list[tuple[str, str]], set[str], dict[s
     """Replay a Dockerfile's WORKDIR/COPY/ENV on the repo: (its instructions, the absolute
     paths of the project files the image holds, its ENV)."""
     lines = text.replace("\\\n", " ").splitlines()
-    steps = [(w[0].upper(), w[1] if len(w) > 1 else "") for line in lines if line.strip() and not line.startswith("#")
-             for w in [line.split(None, 1)]]
+    steps = [
+        (w[0].upper(), w[1] if len(w) > 1 else "")
+        for line in lines
+        if line.strip() and not line.startswith("#")
+        for w in [line.split(None, 1)]
+    ]
     workdir, files, env = "/", set(), {}
     for op, arg in steps:
         if op == "WORKDIR":
@@ -239,4 +266,3 @@ def test_readme_explains_every_shipped_file():
     readme = (CONFIGS / "README.md").read_text()
     shipped = [p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*") if p.is_file() and p.name != "README.md"]
     assert shipped and [p for p in shipped if p not in readme] == []
-

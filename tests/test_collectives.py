@@ -43,8 +43,13 @@ def _rank(rank: int, world: int, port: int, backend: str, out: str) -> None:
         batch = collectives.broadcast_from_rank0({"rows": [[1, 2, 3], [4]], "cursor": 7} if rank == 0 else None, rank)
         collectives.barrier()
         means = all_mean([float(rank + 1)], counts=float(rank + 1))  # (1*1 + 2*2) / 3
-        result = {"sums": sums, "batch": batch, "means": means, "side_groups": len(collectives._side),
-                  "cpu_default": collectives.takes_cpu_tensors()}
+        result = {
+            "sums": sums,
+            "batch": batch,
+            "means": means,
+            "side_groups": len(collectives._side),
+            "cpu_default": collectives.takes_cpu_tensors(),
+        }
         Path(out, f"{rank}.json").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
@@ -67,10 +72,29 @@ def test_host_collectives_work_under_every_backend(backend, tmp_path):
         assert r["side_groups"] == (0 if cpu else 1)  # a side group only where the default takes no CPU tensors
 
 
-COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "all_to_all",
-               "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather", "gather_object",
-               "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "recv",
-               "isend", "irecv", "monitored_barrier"}
+COLLECTIVES = {
+    "all_reduce",
+    "all_gather",
+    "all_gather_object",
+    "all_gather_into_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "broadcast_object_list",
+    "gather",
+    "gather_object",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "scatter",
+    "scatter_object_list",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "monitored_barrier",
+}
 ALLOWED = {ROOT / "raypost" / "train" / "collectives.py"}
 
 
@@ -89,13 +113,16 @@ def test_no_collective_bypasses_the_host_helpers():
     files = [p for folder in ("raypost", "benchmarks", "pipelines") for p in (ROOT / folder).rglob("*.py")]
     assert len(files) > 50
     direct = [hit for p in files if p not in ALLOWED for hit in _direct_collectives(p)]
-    assert direct == [], ("collectives outside raypost/train/collectives.py (a CPU tensor there fails under NCCL "
-                          f"alone): {direct}")
+    assert direct == [], (
+        f"collectives outside raypost/train/collectives.py (a CPU tensor there fails under NCCL alone): {direct}"
+    )
 
 
 def test_the_scan_sees_a_direct_collective(tmp_path):
     """The scan above can fail: it finds the call that crashed every learner on a GPU."""
     bad = tmp_path / "engine.py"
-    bad.write_text("import torch\nimport torch.distributed as dist\n\n"
-                   "def all_sum(x):\n    t = torch.tensor(x)\n    dist.all_reduce(t)\n    return t\n")
+    bad.write_text(
+        "import torch\nimport torch.distributed as dist\n\n"
+        "def all_sum(x):\n    t = torch.tensor(x)\n    dist.all_reduce(t)\n    return t\n"
+    )
     assert _direct_collectives(bad, tmp_path) == ["engine.py:6: dist.all_reduce"]

@@ -52,8 +52,11 @@ def test_yaml_then_overrides_win(tmp_path):
 
 
 def test_aliases_and_source_inference():
-    cfg = load_config(SFTConfig, ["--dataset", "x/train.jsonl", "--model", "Qwen/Qwen2.5-0.5B-Instruct"],
-                      aliases={"model": "model.path", "dataset": "data.path"})
+    cfg = load_config(
+        SFTConfig,
+        ["--dataset", "x/train.jsonl", "--model", "Qwen/Qwen2.5-0.5B-Instruct"],
+        aliases={"model": "model.path", "dataset": "data.path"},
+    )
     assert cfg.data.source == "jsonl" and cfg.data.path == "x/train.jsonl"
     assert cfg.model.path == "Qwen/Qwen2.5-0.5B-Instruct"
 
@@ -95,9 +98,8 @@ def _shipped_yamls() -> list[Path]:
 
 @pytest.mark.parametrize("path", _shipped_yamls(), ids=lambda p: p.name)
 def test_every_example_yaml_loads(path):
-    from raypost.config.registry import config_for_file
-
     from raypost.config.base import load_yaml
+    from raypost.pipelines import config_for_file
 
     cfg = config_for_file(path)
     # every value the YAML sets reaches the validated config: nothing dropped, renamed or coerced
@@ -129,8 +131,9 @@ def test_override_keeps_the_pipelines_own_section_defaults():
     (GRPO's run.checkpoint_every=10, its warm-up lr and batch), not the section class defaults."""
     from raypost.config.grpo import GRPOConfig
 
-    cfg = load_config(GRPOConfig, ["--run.name", "x", "--warmup.optim.scheduler", "constant",
-                                   "--warmup.train.max_steps", "90"])
+    cfg = load_config(
+        GRPOConfig, ["--run.name", "x", "--warmup.optim.scheduler", "constant", "--warmup.train.max_steps", "90"]
+    )
     default = GRPOConfig()
     assert cfg.run.name == "x" and cfg.run.checkpoint_every == default.run.checkpoint_every == 10
     assert cfg.warmup.optim.scheduler == "constant" and cfg.warmup.optim.lr == default.warmup.optim.lr
@@ -141,7 +144,7 @@ def test_override_keeps_the_pipelines_own_section_defaults():
 def test_grpo_tiny_example_is_the_default():
     """examples/grpo_tiny.yaml says it spells out the embedded default: keep them in step."""
     from raypost.config.grpo import GRPOConfig
-    from raypost.config.registry import config_for_file
+    from raypost.pipelines import config_for_file
 
     assert config_for_file(ROOT / "examples" / "grpo_tiny.yaml") == GRPOConfig()
 

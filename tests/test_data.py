@@ -30,30 +30,50 @@ def test_synthetic_is_seeded_and_correct():
         assert final_answer(row["answer"]) == lines[-2].split(" = ")[1]
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("a\n#### 72", "72"), ("#### 1,234", "1234"), ("x #### 3.50", "3.5"), ("#### -4", "-4"),
-    ("no answer here", None), ("#### 5\nmore\n#### 6", "6"),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("a\n#### 72", "72"),
+        ("#### 1,234", "1234"),
+        ("x #### 3.50", "3.5"),
+        ("#### -4", "-4"),
+        ("no answer here", None),
+        ("#### 5\nmore\n#### 6", "6"),
+    ],
+)
 def test_final_answer(text, expected):
     assert final_answer(text) == expected
 
 
-@pytest.mark.parametrize("completion,gold,hit", [
-    ("9 - 2 = 7\n#### 7", "7", True), ("#### 8", "7", False), ("#### 1,234", "1234", True),
-    ("#### 7.0", "7", True), ("no final line 7", "7", False),
-    ("#### 0.5", "1/2", True), ("#### 1/2", "0.5", True), ("#### 1/3", "0.5", False),  # math-verify
-    ("#### 1/3", "1", False), ("#### 72 apples", "72", True),
-    # gold given as GSM8K's raw `answer` column: the worked solution; its final answer counts,
-    # not its first number (8)
-    ("#### 7", "8 - 1 = 7\n#### 7", True), ("#### 8", "8 - 1 = 7\n#### 7", False),
-])
+@pytest.mark.parametrize(
+    "completion,gold,hit",
+    [
+        ("9 - 2 = 7\n#### 7", "7", True),
+        ("#### 8", "7", False),
+        ("#### 1,234", "1234", True),
+        ("#### 7.0", "7", True),
+        ("no final line 7", "7", False),
+        ("#### 0.5", "1/2", True),
+        ("#### 1/2", "0.5", True),
+        ("#### 1/3", "0.5", False),  # math-verify
+        ("#### 1/3", "1", False),
+        ("#### 72 apples", "72", True),
+        # gold given as GSM8K's raw `answer` column: the worked solution; its final answer counts,
+        # not its first number (8)
+        ("#### 7", "8 - 1 = 7\n#### 7", True),
+        ("#### 8", "8 - 1 = 7\n#### 7", False),
+    ],
+)
 def test_answers_match(completion, gold, hit):
     assert answers_match(completion, gold) is hit
 
 
 def test_accuracy_reward_takes_trl_chat_completions_and_raw_gsm8k_answers():
-    completions = [[{"role": "assistant", "content": "4 * 3 = 12\n#### 12"}],
-                   [{"role": "assistant", "content": "#### 4"}], "#### 12"]
+    completions = [
+        [{"role": "assistant", "content": "4 * 3 = 12\n#### 12"}],
+        [{"role": "assistant", "content": "#### 4"}],
+        "#### 12",
+    ]
     gold = ["Ann has 4 bags of 3.\n4 * 3 = 12\n#### 12"] * 3
     assert accuracy_reward([None] * 3, completions, answer=gold) == [1.0, 0.0, 1.0]
 
@@ -67,14 +87,17 @@ def test_gsm8k_rows_parse():
     assert "<<" not in rows[0]["solution"] and rows[0]["solution"].endswith(f"#### {rows[0]['answer']}")
 
 
-@pytest.mark.parametrize("line,reason", [
-    ('{"question": "q", "answer": "#### 1"', "bad JSON"),
-    ('{"answer": "#### 1"}', "missing field 'question'"),
-    ('{"question": "  ", "answer": "#### 1"}', "field 'question' is empty"),
-    ('{"question": 5, "answer": "#### 1"}', "field 'question' is int"),
-    ('{"question": "q", "answer": "no number"}', "field 'answer' has no numeric final answer"),
-    ('[1, 2]', "row is list"),
-])
+@pytest.mark.parametrize(
+    "line,reason",
+    [
+        ('{"question": "q", "answer": "#### 1"', "bad JSON"),
+        ('{"answer": "#### 1"}', "missing field 'question'"),
+        ('{"question": "  ", "answer": "#### 1"}', "field 'question' is empty"),
+        ('{"question": 5, "answer": "#### 1"}', "field 'question' is int"),
+        ('{"question": "q", "answer": "no number"}', "field 'answer' has no numeric final answer"),
+        ("[1, 2]", "row is list"),
+    ],
+)
 def test_malformed_rows_are_rejected_with_reason(line, reason):
     row = qa_schema("question", "answer").parse_line(line)
     assert reason in row["reject"] and row["raw"]
@@ -100,7 +123,7 @@ def test_chat_template_and_mask_boundaries(tiny_model):
     ex = sft_example(p, c)
     assert ex["input_ids"] == p + c
     assert ex["labels"][: len(p)] == [IGNORE_INDEX] * len(p)  # the whole prompt is masked
-    assert ex["labels"][len(p):] == c  # the first supervised token is the answer's first, the last is EOS
+    assert ex["labels"][len(p) :] == c  # the first supervised token is the answer's first, the last is EOS
     sys_p = prompt_ids(tok, q, "Be brief.")
     assert tok.decode(sys_p).startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n")
 
@@ -108,11 +131,7 @@ def test_chat_template_and_mask_boundaries(tiny_model):
 def test_block_causal_mask_by_hand():
     seg = torch.tensor([[1, 1, 2, 2, 0]])
     m = block_causal_mask(seg)[0, 0].int().tolist()
-    assert m == [[1, 0, 0, 0, 0],
-                 [1, 1, 0, 0, 0],
-                 [0, 0, 1, 0, 0],
-                 [0, 0, 1, 1, 0],
-                 [0, 0, 0, 0, 1]]
+    assert m == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 0, 0, 1]]
 
 
 def test_packing_keeps_examples_apart(tiny_model):
@@ -121,9 +140,13 @@ def test_packing_keeps_examples_apart(tiny_model):
 
     tok, model = load_tokenizer(tiny_model), load_causal_lm(tiny_model)
     rows = synthetic.generate(6, seed=1)
-    df = pd.DataFrame({"id": [r["id"] for r in rows],
-                       "prompt_ids": [prompt_ids(tok, r["question"], None) for r in rows],
-                       "completion_ids": [completion_ids(tok, r["answer"]) for r in rows]})
+    df = pd.DataFrame(
+        {
+            "id": [r["id"] for r in rows],
+            "prompt_ids": [prompt_ids(tok, r["question"], None) for r in rows],
+            "completion_ids": [completion_ids(tok, r["answer"]) for r in rows],
+        }
+    )
     packed, unpacked = pack_frame(df, 1024, True), pack_frame(df, 1024, False)
     assert len(packed) == 1 and len(unpacked) == 6
     assert packed["sample_ids"][0].split(",") == [r["id"] for r in rows]
@@ -157,7 +180,9 @@ def test_pipeline_counts_and_writes_rejects(ray_cluster, tiny_model, tmp_path):
 
     good = [{"question": f"q{i} has 3 pens", "answer": f"3 + {i} = {3 + i}\n#### {3 + i}"} for i in range(20)]
     lines = [json.dumps(r) for r in good] + [
-        "{not json", json.dumps({"question": "x"}), json.dumps({"question": "", "answer": "#### 1"}),
+        "{not json",
+        json.dumps({"question": "x"}),
+        json.dumps({"question": "", "answer": "#### 1"}),
         json.dumps({"question": "long " * 400, "answer": "#### 1"}),
     ]
     f = tmp_path / "d.jsonl"
@@ -221,8 +246,11 @@ def test_the_prompt_order_does_not_depend_on_which_block_finished_first(ray_clus
     configure_ray_data()
 
     def order(late: int) -> list[int]:
-        prepared = ray.data.range(400, override_num_blocks=4).map_batches(
-            _late_block, fn_kwargs={"late": late}, batch_format="numpy").materialize()
+        prepared = (
+            ray.data.range(400, override_num_blocks=4)
+            .map_batches(_late_block, fn_kwargs={"late": late}, batch_format="numpy")
+            .materialize()
+        )
         assert [r["id"] for r in prepared.iter_rows()] == list(range(400))
         return [r["id"] for r in preprocess.epoch_order(prepared, 2, seed=0).iter_rows()]
 
@@ -234,7 +262,9 @@ def test_the_prompt_order_does_not_depend_on_which_block_finished_first(ray_clus
 def test_parquet_source(ray_cluster, tmp_path):
     from raypost.data import preprocess
 
-    pd.DataFrame({"question": ["a", "b", ""], "answer": ["#### 1", "#### 2", "#### 3"]}).to_parquet(tmp_path / "d.parquet")
+    pd.DataFrame({"question": ["a", "b", ""], "answer": ["#### 1", "#### 2", "#### 3"]}).to_parquet(
+        tmp_path / "d.parquet"
+    )
     cfg = DataConfig(path=str(tmp_path / "d.parquet"), eval_path=str(tmp_path / "d.parquet"))
     assert cfg.source == "parquet"
     rows, _ = preprocess.read_splits(cfg)

@@ -27,8 +27,13 @@ def _kd(divergence: str, student_probs, tau: float = 1.0, beta: float = 0.5, mas
     # Teacher: full-softmax log-probs 0.5 and 0.25 on tokens 0 and 1 (its top-2).
     ids, t_logp = torch.tensor([[0, 1]]), _log(0.5, 0.25)
     n = len(mask)
-    return kd_loss(_log(*student_probs).repeat(n, 1), ids.repeat(n, 1), t_logp.repeat(n, 1), torch.tensor(mask),
-                   KDParams(divergence=divergence, beta=beta, temperature=tau))
+    return kd_loss(
+        _log(*student_probs).repeat(n, 1),
+        ids.repeat(n, 1),
+        t_logp.repeat(n, 1),
+        torch.tensor(mask),
+        KDParams(divergence=divergence, beta=beta, temperature=tau),
+    )
 
 
 def test_forward_kl_by_hand():
@@ -71,14 +76,15 @@ def test_teacher_objective_shifts_and_mixes_ce():
     logits = torch.zeros(1, 3, 3)
     logits[0, 0] = _log(0.5, 0.25, 0.25)[0]
     logits[0, 1:] = 5.0  # unsupervised positions: any value
-    batch = {"labels": torch.tensor([[IGNORE, 0, IGNORE]]),
-             "teacher_ids": torch.tensor([[[0, 1], [2, 1], [2, 1]]]),
-             "teacher_logprobs": _log(0.5, 0.25)[0].expand(1, 3, 2).clone()}
+    batch = {
+        "labels": torch.tensor([[IGNORE, 0, IGNORE]]),
+        "teacher_ids": torch.tensor([[[0, 1], [2, 1], [2, 1]]]),
+        "teacher_logprobs": _log(0.5, 0.25)[0].expand(1, 3, 2).clone(),
+    }
     loss, n, metrics = TeacherKD(KDParams(kd_weight=0.5))(logits, batch)
     # 0.5 * ln(4/3) (forward KL) + 0.5 * (-ln 0.5) (CE of label 0)
     assert n.item() == 1 and loss.item() == pytest.approx(0.5 * math.log(4 / 3) + 0.5 * math.log(2), abs=1e-6)
     assert metrics["ce"] == pytest.approx(math.log(2), abs=1e-6)
-
 
 
 def test_kd_on_all_positions_stays_inside_each_packed_example():
@@ -93,8 +99,12 @@ def test_kd_on_all_positions_stays_inside_each_packed_example():
     logits = torch.full((1, 6, 3), 5.0)  # positions outside the mask: any value
     for t in (0, 1, 3):
         logits[0, t] = _log(0.5, 0.25, 0.25)[0]
-    batch = {"labels": torch.tensor([[IGNORE, IGNORE, 0, IGNORE, 2, IGNORE]]), "segment_ids": torch.tensor([seg]),
-             "teacher_ids": torch.tensor([[[0, 1]] * 6]), "teacher_logprobs": _log(0.5, 0.25)[0].expand(1, 6, 2).clone()}
+    batch = {
+        "labels": torch.tensor([[IGNORE, IGNORE, 0, IGNORE, 2, IGNORE]]),
+        "segment_ids": torch.tensor([seg]),
+        "teacher_ids": torch.tensor([[[0, 1]] * 6]),
+        "teacher_logprobs": _log(0.5, 0.25)[0].expand(1, 6, 2).clone(),
+    }
     kd = TeacherKD(KDParams(kd_weight=1.0, positions="all"))
     loss, n, _ = kd(logits, batch)
     assert n.item() == 3 and loss.item() == pytest.approx(3 * math.log(4 / 3), abs=1e-5)
@@ -102,14 +112,19 @@ def test_kd_on_all_positions_stays_inside_each_packed_example():
     row = {"labels": batch["labels"][0].tolist(), "segment_ids": seg}
     assert kd.tokens([row]) == 3 and TeacherKD(KDParams()).tokens([row]) == 2
 
+
 def test_teacher_pass_matches_unpacked_forward(tiny_model):
     """Top-k of a packed row equals each example's own forward pass (attention kept per example)."""
     from raypost.data.teacher import TeacherTopK
     from raypost.models.hf import load_causal_lm
 
     a, b = [5, 9, 14, 3, 7], [11, 4, 8, 20]
-    row = {"input_ids": a + b, "labels": [IGNORE] + a[1:] + [IGNORE] + b[1:],
-           "position_ids": list(range(len(a))) + list(range(len(b))), "segment_ids": [1] * len(a) + [2] * len(b)}
+    row = {
+        "input_ids": a + b,
+        "labels": [IGNORE] + a[1:] + [IGNORE] + b[1:],
+        "position_ids": list(range(len(a))) + list(range(len(b))),
+        "segment_ids": [1] * len(a) + [2] * len(b),
+    }
     out = TeacherTopK(str(tiny_model), top_k=4)(pd.DataFrame([row]))
     ids = torch.tensor(out["teacher_ids"][0]).reshape(-1, 4)
     logp = torch.tensor(out["teacher_logprobs"][0]).reshape(-1, 4)
@@ -128,8 +143,9 @@ def test_student_shares_teacher_tokenizer_or_fails(tiny_model, tmp_path):
     from raypost.models.tiny import build_tiny_model
     from raypost.phases.distill import same_tokenizer, student_base
 
-    cfg = DistillConfig.model_validate({"model": {"tiny": {"hidden_size": 32, "num_heads": 2, "num_kv_heads": 1,
-                                                           "intermediate_size": 64}}})
+    cfg = DistillConfig.model_validate(
+        {"model": {"tiny": {"hidden_size": 32, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}}}
+    )
     student = student_base(cfg, str(tiny_model), tmp_path)
     assert load_tokenizer(student).get_vocab() == load_tokenizer(tiny_model).get_vocab()
     same_tokenizer(str(tiny_model), student)  # no error
@@ -154,7 +170,6 @@ def test_config_errors_name_the_field():
         load_config(DistillConfig, ["--distill.mode", "on_policy", "--distill.prompts_per_step", "3"])
 
 
-
 def test_a_teacher_with_finetune_is_sft_trained_once_before_distilling(monkeypatch, tmp_path):
     """teacher.finetune: the model at teacher.path is SFT-trained (teacher.train, teacher.optim)
     and the trained export is the teacher; a finished fine-tune is reused; without finetune
@@ -166,16 +181,33 @@ def test_a_teacher_with_finetune_is_sft_trained_once_before_distilling(monkeypat
     calls = []
 
     def fake_sft(cfg, model_path, data, out):  # the learner itself is tested end to end below
-        calls.append({"model": cfg.model.path, "base": model_path, "steps": cfg.train.max_steps,
-                      "lr": cfg.optim.lr, "out": out, "data": data})
+        calls.append(
+            {
+                "model": cfg.model.path,
+                "base": model_path,
+                "steps": cfg.train.max_steps,
+                "lr": cfg.optim.lr,
+                "out": out,
+                "data": data,
+            }
+        )
         return SFTResult(str(out / "ckpt" / "hf"), 3, 1.0)
 
     monkeypatch.setattr(phases, "run_sft", fake_sft)
-    cfg = DistillConfig.model_validate({"teacher": {"path": "org/teacher", "finetune": True,
-                                                    "train": {"max_steps": 3}, "optim": {"lr": 1e-4}}})
+    cfg = DistillConfig.model_validate(
+        {"teacher": {"path": "org/teacher", "finetune": True, "train": {"max_steps": 3}, "optim": {"lr": 1e-4}}}
+    )
     first = phases.teacher(cfg, "org/teacher", "run data", tmp_path)
-    assert calls == [{"model": "org/teacher", "base": "org/teacher", "steps": 3, "lr": 1e-4,
-                      "out": tmp_path / "teacher", "data": "run data"}]
+    assert calls == [
+        {
+            "model": "org/teacher",
+            "base": "org/teacher",
+            "steps": 3,
+            "lr": 1e-4,
+            "out": tmp_path / "teacher",
+            "data": "run data",
+        }
+    ]
     assert first.model_path == str(tmp_path / "teacher" / "ckpt" / "hf") and first.wall_s > 0
     again = phases.teacher(cfg, "org/teacher", None, tmp_path)
     assert len(calls) == 1 and again.model_path == first.model_path and again.wall_s == 0.0
@@ -191,24 +223,55 @@ def test_a_teacher_with_finetune_is_sft_trained_once_before_distilling(monkeypat
         return model_cfg.path, "teacher data"
 
     monkeypatch.setattr(phases.data_phase, "prepare", fake_prepare)
-    own = DistillConfig.model_validate({"data": {"synthetic": {"guess_fraction": 0.5}},
-                                        "teacher": {"path": "org/teacher", "finetune": True,
-                                                    "data": {"synthetic": {"guess_fraction": 0.0}}}})
+    own = DistillConfig.model_validate(
+        {
+            "data": {"synthetic": {"guess_fraction": 0.5}},
+            "teacher": {"path": "org/teacher", "finetune": True, "data": {"synthetic": {"guess_fraction": 0.0}}},
+        }
+    )
     phases.teacher(own, "org/base", "run data", tmp_path / "own")
     assert prepared == [(0.0, "org/base", tmp_path / "own" / "teacher_data")]
     assert calls[-1]["data"] == "teacher data" and calls[-1]["base"] == "org/base"
+
 
 # Head size 32 (64 / 2): the smallest vLLM's CPU attention supports (the on-policy student is served).
 STUDENT = {"hidden_size": 64, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
 
 
 def distill_args(storage: Path, name: str, *extra: str) -> list[str]:
-    args = ["--run.storage_path", str(storage), "--run.name", name, "--run.log_every", "2",
-            "--run.wandb_mode", "disabled", "--data.synthetic.num_train", "400", "--data.synthetic.num_eval", "16",
-            "--data.max_seq_len", "96", "--teacher.train.max_steps", "160", "--teacher.train.epochs", "8",
-            "--teacher.optim.lr", "3e-3",
-            "--train.max_steps", "24", "--optim.lr", "3e-3", "--eval.max_new_tokens", "16",
-            "--resources.num_workers", "2", "--resources.cpus_per_worker", "0.5", *extra]
+    args = [
+        "--run.storage_path",
+        str(storage),
+        "--run.name",
+        name,
+        "--run.log_every",
+        "2",
+        "--run.wandb_mode",
+        "disabled",
+        "--data.synthetic.num_train",
+        "400",
+        "--data.synthetic.num_eval",
+        "16",
+        "--data.max_seq_len",
+        "96",
+        "--teacher.train.max_steps",
+        "160",
+        "--teacher.train.epochs",
+        "8",
+        "--teacher.optim.lr",
+        "3e-3",
+        "--train.max_steps",
+        "24",
+        "--optim.lr",
+        "3e-3",
+        "--eval.max_new_tokens",
+        "16",
+        "--resources.num_workers",
+        "2",
+        "--resources.cpus_per_worker",
+        "0.5",
+        *extra,
+    ]
     for key, value in TINY.items():
         args += [f"--teacher.tiny.{key}", str(value)]
     for key, value in STUDENT.items():
@@ -265,11 +328,30 @@ def test_seq_kd_trains_on_the_teachers_answers(offline_run, ray_cluster, serve_u
     from raypost.models.hf import load_causal_lm, load_tokenizer
 
     teacher = json.loads((offline_run / "report.json").read_text())["teacher_path"]
-    run_pipeline("distill.py", distill_args(tmp_path, "seq", "--teacher.path", teacher, "--distill.mode", "seq_kd",
-                                            "--distill.baseline", "false", "--distill.seq_kd_max_prompts", "32",
-                                            "--distill.seq_kd_keep", "all", "--train.max_steps", "8",
-                                            "--distill.max_new_tokens", "64", "--rollout.cpus_per_replica", "1"),
-                 ray_cluster)
+    run_pipeline(
+        "distill.py",
+        distill_args(
+            tmp_path,
+            "seq",
+            "--teacher.path",
+            teacher,
+            "--distill.mode",
+            "seq_kd",
+            "--distill.baseline",
+            "false",
+            "--distill.seq_kd_max_prompts",
+            "32",
+            "--distill.seq_kd_keep",
+            "all",
+            "--train.max_steps",
+            "8",
+            "--distill.max_new_tokens",
+            "64",
+            "--rollout.cpus_per_replica",
+            "1",
+        ),
+        ray_cluster,
+    )
     lines = (tmp_path / "seq" / "student" / "teacher_completions.jsonl").read_text().splitlines()
     counts, rows = json.loads(lines[0]), [json.loads(x) for x in lines[1:]]
     assert counts["prompts"] == 32 and counts["kept"] == len(rows) > 0
@@ -306,14 +388,38 @@ def test_on_policy_distills_through_serve(offline_run, ray_cluster, serve_url, t
     scores those tokens with its top-k, and the GKD divergence to the teacher goes down."""
     teacher = json.loads((offline_run / "report.json").read_text())["teacher_path"]
     # From the untrained student (no baseline, no warm start): its reverse KL to the teacher is large.
-    run_pipeline("distill.py", distill_args(tmp_path, "onp", "--teacher.path", teacher, "--distill.mode", "on_policy",
-                                            "--distill.baseline", "false", "--distill.warm_start", "false",
-                                            "--distill.on_policy_steps", "10", "--distill.prompts_per_step", "8",
-                                            "--distill.samples_per_prompt", "2", "--distill.max_new_tokens", "32",
-                                            "--distill.on_policy_optim.lr", "3e-3",
-                                            "--distill.on_policy_optim.micro_batch_size", "8",
-                                            "--rollout.cpus_per_replica", "0.5", "--rollout.max_model_len", "160"),
-                 ray_cluster)
+    run_pipeline(
+        "distill.py",
+        distill_args(
+            tmp_path,
+            "onp",
+            "--teacher.path",
+            teacher,
+            "--distill.mode",
+            "on_policy",
+            "--distill.baseline",
+            "false",
+            "--distill.warm_start",
+            "false",
+            "--distill.on_policy_steps",
+            "10",
+            "--distill.prompts_per_step",
+            "8",
+            "--distill.samples_per_prompt",
+            "2",
+            "--distill.max_new_tokens",
+            "32",
+            "--distill.on_policy_optim.lr",
+            "3e-3",
+            "--distill.on_policy_optim.micro_batch_size",
+            "8",
+            "--rollout.cpus_per_replica",
+            "0.5",
+            "--rollout.max_model_len",
+            "160",
+        ),
+        ray_cluster,
+    )
     run = tmp_path / "onp"
     steps = [json.loads(x) for x in (run / "student" / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if s.get("phase") == "on_policy"]

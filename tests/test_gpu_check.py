@@ -21,8 +21,14 @@ from tests.conftest import ROOT
 @pytest.mark.timeout(900)
 def test_gpu_check_passes_on_the_cpu(ray_cluster, tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu",
-                           "--ray-address", ray_cluster], cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_check", "--device", "cpu", "--ray-address", ray_cluster],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     checks = json.loads((tmp_path / "gpu_check.json").read_text())["checks"]
     learner, zero3, replica = checks["learner_on_device"], checks["zero3_push"], checks["replica_push"]

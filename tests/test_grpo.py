@@ -22,9 +22,25 @@ from raypost.utils.local_head import LocalHead
 from tests.conftest import ROOT
 
 LEARN_STEPS = 30
-STEP_KEYS = ("reward_mean", "reward_std", "accuracy", "clip_frac", "entropy", "response_len",
-             "generate_s", "reward_s", "train_s", "push_s", "staleness_p50", "staleness_p99", "learner_wait_frac",
-             "producer_wait_frac", "dropped_stale", "groups_failed", "behav_ratio_mean")
+STEP_KEYS = (
+    "reward_mean",
+    "reward_std",
+    "accuracy",
+    "clip_frac",
+    "entropy",
+    "response_len",
+    "generate_s",
+    "reward_s",
+    "train_s",
+    "push_s",
+    "staleness_p50",
+    "staleness_p99",
+    "learner_wait_frac",
+    "producer_wait_frac",
+    "dropped_stale",
+    "groups_failed",
+    "behav_ratio_mean",
+)
 # The learner's workers request one of these, the rollout replicas the other: two node groups.
 PINNED = ["--resources.ray_resources.learner_node", "1", "--rollout.ray_resources.rollout_node", "1"]
 
@@ -45,8 +61,19 @@ def cluster():
 
 def submit(head: LocalHead, args: list[str], timeout: float = 1500) -> str:
     """``ray job submit --working-dir <repo> -- <venv python> pipelines/grpo.py ARGS``; returns its output."""
-    cmd = [str(Path(sys.executable).with_name("ray")), "job", "submit", "--address", head.dashboard_url,
-           "--working-dir", str(ROOT), "--", sys.executable, "pipelines/grpo.py", *args]
+    cmd = [
+        str(Path(sys.executable).with_name("ray")),
+        "job",
+        "submit",
+        "--address",
+        head.dashboard_url,
+        "--working-dir",
+        str(ROOT),
+        "--",
+        sys.executable,
+        "pipelines/grpo.py",
+        *args,
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=head.env(), capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0 and "succeeded" in proc.stdout, f"{proc.stdout[-5000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
@@ -62,8 +89,19 @@ def serve_apps(head: LocalHead) -> set[str]:
 
 def actor_nodes(head: LocalHead, class_name: str) -> set[str]:
     """Node ids of every actor of ``class_name`` this cluster ran (dead ones too)."""
-    cmd = [str(Path(sys.executable).with_name("ray")), "list", "actors", "--format", "json", "--address", head.address,
-           "--filter", f"class_name={class_name}", "--limit", "10000"]
+    cmd = [
+        str(Path(sys.executable).with_name("ray")),
+        "list",
+        "actors",
+        "--format",
+        "json",
+        "--address",
+        head.address,
+        "--filter",
+        f"class_name={class_name}",
+        "--limit",
+        "10000",
+    ]
     proc = subprocess.run(cmd, env=head.env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return {a["node_id"] for a in json.loads(proc.stdout)}
@@ -88,10 +126,31 @@ def test_grpo_job_learns_then_resumes_async_with_a_reward_model(cluster, tmp_pat
     sign, weights that never reach the replicas or a stale reference all leave the gain at ~0.
     (One run serves both checks: a second GRPO job of its own cost this suite 5-10 minutes.)"""
     weights = Path(f"/dev/shm/raypost-test-{tmp_path.name}")
-    args = ["--run.storage_path", str(tmp_path), "--run.name", "g", "--run.wandb_mode", "disabled",
-            "--run.checkpoint_every", "1000", "--data.synthetic.max_operand", "5", "--data.synthetic.num_train", "6000",
-            "--warmup.train.epochs", "1", "--optim.lr", "1e-4", "--rollout.weights_dir", str(weights),
-            "--algo.prompts_per_step", "16", "--rollout.weight_transport", "object_store", *PINNED]
+    args = [
+        "--run.storage_path",
+        str(tmp_path),
+        "--run.name",
+        "g",
+        "--run.wandb_mode",
+        "disabled",
+        "--run.checkpoint_every",
+        "1000",
+        "--data.synthetic.max_operand",
+        "5",
+        "--data.synthetic.num_train",
+        "6000",
+        "--warmup.train.epochs",
+        "1",
+        "--optim.lr",
+        "1e-4",
+        "--rollout.weights_dir",
+        str(weights),
+        "--algo.prompts_per_step",
+        "16",
+        "--rollout.weight_transport",
+        "object_store",
+        *PINNED,
+    ]
     head = cluster.head
     submit(head, [*args, "--algo.steps", str(LEARN_STEPS)], timeout=2200)
     run = tmp_path / "g"
@@ -120,8 +179,22 @@ def test_grpo_job_learns_then_resumes_async_with_a_reward_model(cluster, tmp_pat
     # async (eta 1), adds a reward model (MiniLM, untrained head) to the verifier rewards, and
     # pushes its weights to node B over a gloo group (collective), with no file.
     total = LEARN_STEPS + 3
-    out = submit(head, [*args, "--algo.steps", str(total), "--async_rl.eta", "1", "--rollout.weight_transport",
-                        "collective", "--reward.model.path", str(untrained_reward_model), "--reward.model.weight", "0.5"])
+    out = submit(
+        head,
+        [
+            *args,
+            "--algo.steps",
+            str(total),
+            "--async_rl.eta",
+            "1",
+            "--rollout.weight_transport",
+            "collective",
+            "--reward.model.path",
+            str(untrained_reward_model),
+            "--reward.model.weight",
+            "0.5",
+        ],
+    )
     assert "sft step" not in out
     assert serve_apps(head) == set() and not (weights / "g").exists()
     shutil.rmtree(weights, ignore_errors=True)
@@ -146,7 +219,9 @@ def test_grpo_job_learns_then_resumes_async_with_a_reward_model(cluster, tmp_pat
     fresh = [r["behav_ratio_fresh"] for r in grpo if "behav_ratio_fresh" in r]
     assert len(fresh) > LEARN_STEPS and all(abs(x - 1.0) < 0.02 for x in fresh), fresh
     rewards = first["config"]["reward"]["rewards"]
-    for r in grpo[LEARN_STEPS:]:  # reward = the configured verifier rewards + 0.5 reward model, per sample, so in the mean too
+    for r in grpo[
+        LEARN_STEPS:
+    ]:  # reward = the configured verifier rewards + 0.5 reward model, per sample, so in the mean too
         expected = sum(w["weight"] * r[f"score_{w['name']}"] for w in rewards) + 0.5 * r["score_rm"]
         assert abs(r["reward_mean"] - expected) < 1e-4, (r["reward_mean"], expected)
     assert all("score_rm" not in r for r in grpo[:LEARN_STEPS])
@@ -155,8 +230,9 @@ def test_grpo_job_learns_then_resumes_async_with_a_reward_model(cluster, tmp_pat
     per_step = first["config"]["algo"]["prompts_per_step"] * first["config"]["algo"]["group_size"]
     assert [t["step"] for t in trained] == steps and all(len(t["ids"]) == per_step for t in trained)
     prompts = [p.split("#")[0] for t in trained for p in t["ids"]]
-    assert len(set(prompts)) == total * first["config"]["algo"]["prompts_per_step"], \
+    assert len(set(prompts)) == total * first["config"]["algo"]["prompts_per_step"], (
         "each step draws new prompts; none is replayed after the resume"
+    )
 
 
 @pytest.mark.slow
@@ -164,9 +240,24 @@ def test_shm_weights_to_replicas_on_another_node_fail_before_anything_starts(clu
     """Node-local shm weights with the learner and the replicas pinned to different nodes would
     leave the replicas serving version 0 for ever: the job fails at once and names the fix."""
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "pipelines/grpo.py", "--run.storage_path", str(tmp_path), "--run.wandb_mode",
-                           "disabled", "--rollout.weight_transport", "shm", *PINNED],
-                          cwd=ROOT, env=cluster.head.env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "pipelines/grpo.py",
+            "--run.storage_path",
+            str(tmp_path),
+            "--run.wandb_mode",
+            "disabled",
+            "--rollout.weight_transport",
+            "shm",
+            *PINNED,
+        ],
+        cwd=ROOT,
+        env=cluster.head.env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode != 0 and time.time() - t0 < 60
     err = proc.stderr.strip().splitlines()[-1]
     assert err.startswith("raypost: no node can hold both a learner worker"), proc.stderr[-3000:]
@@ -176,12 +267,13 @@ def test_shm_weights_to_replicas_on_another_node_fail_before_anything_starts(clu
 
 
 def test_a_failed_run_removes_its_serve_apps(monkeypatch, tmp_path):
-    """pipelines/grpo.py tears its Serve apps and pushed weights down when training raises, and
-    the error still reaches the caller (phases replaced by fakes: the order of calls is the logic)."""
-    import importlib.util
-
+    """The GRPO pipeline removes its Serve apps and pushed weights when training raises, and the
+    error still reaches the caller (phases and Serve replaced by fakes: the order of calls is
+    the logic). Runs through the ``raypost`` command as ``pipelines/grpo.py`` does."""
+    from raypost.cli import run_pipeline
     from raypost.phases import data as data_phase
     from raypost.phases import grpo as grpo_phase
+    from raypost.serve import apps
 
     calls: list[str] = []
 
@@ -189,18 +281,26 @@ def test_a_failed_run_removes_its_serve_apps(monkeypatch, tmp_path):
         calls.append("train")
         raise RuntimeError("learner died")
 
-    monkeypatch.setattr(data_phase, "start_run", lambda cfg: tmp_path)
+    class Channel:
+        def close(self) -> None:
+            calls.append("close weights")
+
+    monkeypatch.setattr(data_phase, "start_run", lambda cfg, verbose: tmp_path)
     monkeypatch.setattr(data_phase, "prepare", lambda *a: ("base", None))
     monkeypatch.setattr(grpo_phase, "check_placement", lambda cfg: None)
     monkeypatch.setattr(grpo_phase, "warmup", lambda *a: ("warm", 0.0))
-    monkeypatch.setattr(grpo_phase, "reset_weights", lambda cfg: None)
-    monkeypatch.setattr(grpo_phase, "deploy", lambda *a: calls.append("deploy"))
+    monkeypatch.setattr(grpo_phase, "weight_channel", lambda cfg: Channel())
+    monkeypatch.setattr(apps, "deploy", lambda targets, *a: calls.append("deploy " + ",".join(t.name for t in targets)))
+    monkeypatch.setattr(apps, "delete", lambda names: calls.append("delete " + ",".join(names)))
     monkeypatch.setattr(grpo_phase, "evaluate", lambda *a, **k: calls.append("evaluate") or {"accuracy": 0.0})
     monkeypatch.setattr(grpo_phase, "train", fail)
-    monkeypatch.setattr(grpo_phase, "teardown", lambda cfg: calls.append("teardown"))
-    spec = importlib.util.spec_from_file_location("grpo_pipeline", ROOT / "pipelines" / "grpo.py")
-    pipeline = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pipeline)
     with pytest.raises(RuntimeError, match="learner died"):
-        pipeline.main([])
-    assert calls == ["deploy", "evaluate", "train", "teardown"]
+        run_pipeline("grpo", [])
+    assert calls == [
+        "close weights",
+        "deploy rollout,reward",
+        "evaluate",
+        "train",
+        "delete rollout,reward",
+        "close weights",
+    ]

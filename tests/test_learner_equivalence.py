@@ -3,7 +3,7 @@
 On real Ray Train workers with DeepSpeed: one step of each learner's own step function over a
 global batch of 8 rows whose lengths differ by up to 60x, split as 2 ranks x micro-batch 2 x
 accumulation 2 at ZeRO 0, 2 and 3, gives the same gradient (within 1e-5 relative, fp32) as one
-pass over the whole batch on one rank. The harness is benchmarks/learner_equivalence.py.
+pass over the whole batch on one rank. The harness is tests/harness/learner_equivalence.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.learner_equivalence import CASES, ZEROS, error, run_layouts
+from tests.harness.learner_equivalence import CASES, ZEROS, error, run_layouts
 
 RTOL = 1e-5
 

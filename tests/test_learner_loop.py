@@ -16,22 +16,27 @@ from raypost.train import checkpointing, loop
 @pytest.fixture
 def checkpoints(monkeypatch):
     saved: list[tuple[int, dict]] = []
-    monkeypatch.setattr(checkpointing, "save_and_report",
-                        lambda engine, state, metrics, rank, exporter, run_dir: saved.append((state.step, metrics,
-                                                                                               exporter)))
+    monkeypatch.setattr(
+        checkpointing,
+        "save_and_report",
+        lambda engine, state, metrics, rank, exporter, run_dir: saved.append((state.step, metrics, exporter)),
+    )
     monkeypatch.setattr(checkpointing, "hf_exporter", lambda *a: "export")
     return saved
 
 
 def worker(tmp_path, log_every: int = 2, checkpoint_every: int = 3) -> loop.Worker:
     run = SimpleNamespace(log_every=log_every, checkpoint_every=checkpoint_every, wandb_mode="disabled", name="t")
-    return loop.Worker(rank=0, engine=object(), tokenizer=object(), zero_stage=2, run_dir=str(tmp_path), run=run,
-                       config={})
+    return loop.Worker(
+        rank=0, engine=object(), tokenizer=object(), zero_stage=2, run_dir=str(tmp_path), run=run, config={}
+    )
 
 
 def global_batches(n: int, size: int = 4) -> list[dict[str, np.ndarray]]:
-    return [{"x": np.arange(i * size, (i + 1) * size), "id": np.array([f"s{j}" for j in range(i * size, (i + 1) * size)])}
-            for i in range(n)]
+    return [
+        {"x": np.arange(i * size, (i + 1) * size), "id": np.array([f"s{j}" for j in range(i * size, (i + 1) * size)])}
+        for i in range(n)
+    ]
 
 
 def ids(index: int, batch: dict) -> list[str]:
@@ -53,14 +58,27 @@ def test_a_dataset_learner_takes_its_rows_logs_at_its_cadence_and_checkpoints(tm
     def after(st, metrics, t0):
         return {"eval": 0.5} if st.step == 3 else {}
 
-    learner = loop.Learner(phase="sft", label="sft", steps=5, take=loop.take_from(global_batches(9), state, 1, 2, ids),
-                           learn=learn, after=after, every_step=False, always=("eval",), shown=("loss",))
+    learner = loop.Learner(
+        phase="sft",
+        label="sft",
+        steps=5,
+        take=loop.take_from(global_batches(9), state, 1, 2, ids),
+        learn=learn,
+        after=after,
+        every_step=False,
+        always=("eval",),
+        shown=("loss",),
+    )
     loop.run_learner(learner, worker(tmp_path), state)
     assert learned == [[1, 3], [5, 7], [9, 11], [13, 15], [17, 19]]  # rank 1 of 2: rows 1, 3 of each batch
     assert (state.step, state.cursor) == (5, 5)
     logged = lines(tmp_path / "metrics.jsonl")
     assert [(r["step"], sorted(k for k in r if k in ("loss", "eval"))) for r in logged] == [
-        (2, ["loss"]), (3, ["eval"]), (4, ["loss"]), (5, ["loss"])]  # log_every 2, the last, and step 3's eval
+        (2, ["loss"]),
+        (3, ["eval"]),
+        (4, ["loss"]),
+        (5, ["loss"]),
+    ]  # log_every 2, the last, and step 3's eval
     assert [(s, e) for s, _, e in checkpoints] == [(3, None), (5, "export")]  # every 3 and the last, exported
     trained = lines(tmp_path / checkpointing.SAMPLES_FILE)
     assert [t["ids"] for t in trained][:2] == [["s0", "s1", "s2", "s3"], ["s4", "s5", "s6", "s7"]]
@@ -68,13 +86,19 @@ def test_a_dataset_learner_takes_its_rows_logs_at_its_cadence_and_checkpoints(tm
 
 def test_a_resumed_learner_skips_what_it_consumed_and_rewinds_its_logs(tmp_path, checkpoints):
     # The first run logged steps 1-4, its checkpoint is at 3: step 4 was trained by a lost state.
-    (tmp_path / checkpointing.SAMPLES_FILE).write_text("".join(
-        json.dumps({"step": s, "ids": [f"s{4 * (s - 1)}"]}) + "\n" for s in range(1, 5)))
+    (tmp_path / checkpointing.SAMPLES_FILE).write_text(
+        "".join(json.dumps({"step": s, "ids": [f"s{4 * (s - 1)}"]}) + "\n" for s in range(1, 5))
+    )
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "phase": "rm"}) + "\n" for s in range(1, 5)))
     state = checkpointing.ControllerState(step=3, cursor=3)
     learned = []
-    learner = loop.Learner(phase="rm", label="rm", steps=5, take=loop.take_from(global_batches(9), state, 0, 1, ids),
-                           learn=lambda rows: learned.append(int(rows[0]["x"])) or {"loss": 1.0})
+    learner = loop.Learner(
+        phase="rm",
+        label="rm",
+        steps=5,
+        take=loop.take_from(global_batches(9), state, 0, 1, ids),
+        learn=lambda rows: learned.append(int(rows[0]["x"])) or {"loss": 1.0},
+    )
     loop.run_learner(learner, worker(tmp_path), state)
     assert learned == [12, 16]  # batches 3 and 4: none repeated, none skipped
     trained = [t["step"] for t in lines(tmp_path / checkpointing.SAMPLES_FILE)]
@@ -85,13 +109,25 @@ def test_a_resumed_learner_skips_what_it_consumed_and_rewinds_its_logs(tmp_path,
 def test_stop_at_ends_after_its_checkpoint_and_data_that_runs_out_ends_the_loop(tmp_path, checkpoints):
     state = checkpointing.ControllerState()
     stopped = []
-    learner = loop.Learner(phase="sft", label="sft", steps=10, take=loop.take_from(global_batches(9), state, 0, 1, ids),
-                           learn=lambda rows: {}, stop_at=2, stop=lambda: stopped.append(True))
+    learner = loop.Learner(
+        phase="sft",
+        label="sft",
+        steps=10,
+        take=loop.take_from(global_batches(9), state, 0, 1, ids),
+        learn=lambda rows: {},
+        stop_at=2,
+        stop=lambda: stopped.append(True),
+    )
     loop.run_learner(learner, worker(tmp_path, checkpoint_every=100), state)
     assert state.step == 2 and [s for s, _, _ in checkpoints] == [2] and stopped == [True]
     state = checkpointing.ControllerState(step=2, cursor=2)
-    learner = loop.Learner(phase="sft", label="sft", steps=10, take=loop.take_from(global_batches(4), state, 0, 1, ids),
-                           learn=lambda rows: {})
+    learner = loop.Learner(
+        phase="sft",
+        label="sft",
+        steps=10,
+        take=loop.take_from(global_batches(4), state, 0, 1, ids),
+        learn=lambda rows: {},
+    )
     loop.run_learner(learner, worker(tmp_path, checkpoint_every=100), state)
     assert (state.step, state.cursor) == (4, 4)  # 4 batches in all: the loop ends when they run out
 
@@ -103,8 +139,14 @@ def test_a_failing_step_still_stops_the_learner(tmp_path, checkpoints):
     def learn(rows):
         raise RuntimeError("learner failed")
 
-    learner = loop.Learner(phase="grpo", label="grpo", steps=3, take=loop.take_from(global_batches(3), state, 0, 1, ids),
-                           learn=learn, stop=lambda: stopped.append(True))
+    learner = loop.Learner(
+        phase="grpo",
+        label="grpo",
+        steps=3,
+        take=loop.take_from(global_batches(3), state, 0, 1, ids),
+        learn=learn,
+        stop=lambda: stopped.append(True),
+    )
     with pytest.raises(RuntimeError, match="learner failed"):
         loop.run_learner(learner, worker(tmp_path), state)
     assert stopped == [True] and state.step == 0

@@ -46,7 +46,7 @@ def test_tied_export_stores_embeddings_once(tmp_path, tiny_model):
     assert "lm_head.weight" in state
     out = export_hf(model, tok, tmp_path / "tied", state_dict=state)
     with safe_open(str(out / "model.safetensors"), "pt") as f:
-        assert "lm_head.weight" not in f.keys() and "model.embed_tokens.weight" in f.keys()
+        assert "lm_head.weight" not in f and "model.embed_tokens.weight" in f
     back = load_causal_lm(out)
     assert torch.equal(back.lm_head.weight, back.model.embed_tokens.weight)
 
@@ -93,8 +93,9 @@ def test_merged_lora_state_equals_peft_merge_and_leaves_the_training_model_alone
     assert set(got) == set(want)
     assert all(torch.allclose(got[k], want[k], atol=1e-6) for k in want)
     changed = [k for k in want if not torch.equal(got[k], load_causal_lm(tiny_model).state_dict()[k])]
-    assert changed and all(k.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"))
-                           for k in changed)
+    assert changed and all(
+        k.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")) for k in changed
+    )
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 

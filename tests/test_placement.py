@@ -13,8 +13,14 @@ from raypost.config.grpo import GRPOConfig
 from raypost.config.sections import ResourcesConfig
 from raypost.config.serve import RolloutConfig
 
-PINNED = ["--resources.ray_resources.learner_node", "1", "--rollout.ray_resources.rollout_node", "1",
-          "--reward.ray_resources.reward_node", "0.5"]
+PINNED = [
+    "--resources.ray_resources.learner_node",
+    "1",
+    "--rollout.ray_resources.rollout_node",
+    "1",
+    "--reward.ray_resources.reward_node",
+    "0.5",
+]
 
 
 def test_ray_resources_name_custom_resources_only():
@@ -49,13 +55,22 @@ def _nodes(*resources: dict, alive: bool = True) -> list[dict]:
     return [{"NodeID": f"n{i}", "Alive": alive, "Resources": {"CPU": 2.0, **r}} for i, r in enumerate(resources)]
 
 
-@pytest.mark.parametrize("nodes, transport, shared, ok", [
-    (_nodes({"learner_node": 4}, {"rollout_node": 4}), "shm", False, False),
-    (_nodes({"learner_node": 4}, {"rollout_node": 4}), "object_store", False, True),
-    (_nodes({"learner_node": 4}, {"rollout_node": 4}), "shm", True, True),  # a mount every node shares
-    (_nodes({"learner_node": 4}, {"rollout_node": 4}, {"learner_node": 1, "rollout_node": 1}), "shm", False, True),
-    (_nodes({"learner_node": 4, "rollout_node": 4}, alive=False) + _nodes({"learner_node": 4}), "shm", False, False),
-], ids=["apart", "object_store", "shared_dir", "a_node_holds_both", "only_a_dead_node_holds_both"])
+@pytest.mark.parametrize(
+    "nodes, transport, shared, ok",
+    [
+        (_nodes({"learner_node": 4}, {"rollout_node": 4}), "shm", False, False),
+        (_nodes({"learner_node": 4}, {"rollout_node": 4}), "object_store", False, True),
+        (_nodes({"learner_node": 4}, {"rollout_node": 4}), "shm", True, True),  # a mount every node shares
+        (_nodes({"learner_node": 4}, {"rollout_node": 4}, {"learner_node": 1, "rollout_node": 1}), "shm", False, True),
+        (
+            _nodes({"learner_node": 4, "rollout_node": 4}, alive=False) + _nodes({"learner_node": 4}),
+            "shm",
+            False,
+            False,
+        ),
+    ],
+    ids=["apart", "object_store", "shared_dir", "a_node_holds_both", "only_a_dead_node_holds_both"],
+)
 def test_shm_weights_need_a_node_that_can_hold_learner_and_replica(monkeypatch, nodes, transport, shared, ok):
     import ray
 
@@ -75,22 +90,32 @@ def test_shm_weights_need_a_node_that_can_hold_learner_and_replica(monkeypatch, 
 def test_cpu_replica_engine_runs_in_one_process_bound_to_its_cores(monkeypatch):
     from raypost.serve import rollout_app
 
-    for key in ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_PLACES", "OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_WAIT_POLICY",
-                "VLLM_CPU_KVCACHE_SPACE"):  # all restored after the test
+    for key in (
+        "VLLM_ENABLE_V1_MULTIPROCESSING",
+        "OMP_PLACES",
+        "OMP_NUM_THREADS",
+        "OMP_PROC_BIND",
+        "OMP_WAIT_POLICY",
+        "VLLM_CPU_KVCACHE_SPACE",
+    ):  # all restored after the test
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1,3")
     rollout_app._cpu_engine_env(RolloutConfig())
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
-    assert (os.environ["OMP_PLACES"], os.environ["OMP_NUM_THREADS"], os.environ["OMP_PROC_BIND"]) == \
-        ("{0,1,3}", "3", "true")
+    assert (os.environ["OMP_PLACES"], os.environ["OMP_NUM_THREADS"], os.environ["OMP_PROC_BIND"]) == (
+        "{0,1,3}",
+        "3",
+        "true",
+    )
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     assert rollout_app._replica_cores(RolloutConfig()) is None
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "auto")
     assert rollout_app._replica_cores(RolloutConfig(cpu_bind=False)) is None
 
 
-@pytest.mark.parametrize("world, rank, cores, want", [(1, 0, [0, 1], [0, 1]), (2, 1, [0, 1, 2, 3], [2, 3]),
-                                                      (3, 2, [0, 1], [0])])
+@pytest.mark.parametrize(
+    "world, rank, cores, want", [(1, 0, [0, 1], [0, 1]), (2, 1, [0, 1, 2, 3], [2, 3]), (3, 2, [0, 1], [0])]
+)
 def test_replica_r_of_r_gets_its_own_cores(monkeypatch, world, rank, cores, want):
     from types import SimpleNamespace
 
@@ -127,7 +152,10 @@ def test_a_worker_or_replica_must_fit_on_one_node(monkeypatch):
     monkeypatch.setattr(ray, "nodes", lambda: nodes)
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 16.0, "GPU": 4.0})
     cfg = load_config(GRPOConfig, ["--rollout.tensor_parallel_size", "4", "--rollout.gpus_per_replica", "4"])
-    with pytest.raises(ResourceError, match=r"no node of this cluster has \{'CPU': 0.5, 'GPU': 4.0\} for one rollout "
-                                            r"replica \(rollout.cpus_per_replica, gpus_per_replica, ray_resources\)"):
+    with pytest.raises(
+        ResourceError,
+        match=r"no node of this cluster has \{'CPU': 0.5, 'GPU': 4.0\} for one rollout "
+        r"replica \(rollout.cpus_per_replica, gpus_per_replica, ray_resources\)",
+    ):
         check_placement(cfg)
     check_placement(load_config(GRPOConfig, ["--rollout.tensor_parallel_size", "2", "--rollout.gpus_per_replica", "2"]))

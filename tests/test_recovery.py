@@ -35,11 +35,14 @@ def test_resubmit_wrapper_runs_the_same_command_until_it_succeeds(tmp_path):
     marker = tmp_path / "attempts"
     # Fails on the first run, succeeds on the second: what a pipeline does when the first
     # attempt dies and the second resumes from its checkpoint.
-    script = (f"import pathlib,sys; p=pathlib.Path({str(marker)!r}); n=len(p.read_text()) if p.exists() else 0; "
-              "p.write_text('x'*(n+1)); sys.exit(1 if n == 0 else 0)")
+    script = (
+        f"import pathlib,sys; p=pathlib.Path({str(marker)!r}); n=len(p.read_text()) if p.exists() else 0; "
+        "p.write_text('x'*(n+1)); sys.exit(1 if n == 0 else 0)"
+    )
     with LocalHead(num_cpus=1) as head:  # the wrapper sends Ray's token itself (no env changes here)
-        out = submit_until_done(head.dashboard_url, shlex.join([sys.executable, "-c", script]), max_attempts=3,
-                                poll_s=0.5, wait_head_s=60)
+        out = submit_until_done(
+            head.dashboard_url, shlex.join([sys.executable, "-c", script]), max_attempts=3, poll_s=0.5, wait_head_s=60
+        )
     assert out.status == "SUCCEEDED"
     assert [a["status"] for a in out.attempts] == ["FAILED", "SUCCEEDED"]
     assert marker.read_text() == "xx"
@@ -58,8 +61,9 @@ def test_data_phase_actors_are_never_restartable(ray_cluster, tiny_model, tmp_pa
     from raypost.utils.cluster import actor_table, restartable_dead_actors
 
     job = ray.get_runtime_context().get_job_id()
-    _, data = prepare(DataConfig(synthetic={"num_train": 40, "num_eval": 8}), ModelConfig(path=str(tiny_model)),
-                      tmp_path)
+    _, data = prepare(
+        DataConfig(synthetic={"num_train": 40, "num_eval": 8}), ModelConfig(path=str(tiny_model)), tmp_path
+    )
     assert data.counts["train"]["kept"] == 40  # the datasets stay referenced from here on
     assert [a["class_name"] for a in actor_table(job) if "MapWorker" in a["class_name"]] == []
     assert restartable_dead_actors(job) == []
@@ -86,8 +90,13 @@ def test_rewind_drops_what_the_restored_model_never_kept(tmp_path):
 def test_rollout_policy_follows_the_pin_else_queue_depth(ray_cluster):
     from raypost.serve.scaling import pin_replicas, pinned_replicas, rollout_policy
 
-    ctx = SimpleNamespace(app_name="rollout-policy-test", current_num_replicas=1, target_num_replicas=1,
-                          total_num_requests=9.0, config=SimpleNamespace(get_target_ongoing_requests=lambda: 4.0))
+    ctx = SimpleNamespace(
+        app_name="rollout-policy-test",
+        current_num_replicas=1,
+        target_num_replicas=1,
+        total_num_requests=9.0,
+        config=SimpleNamespace(get_target_ongoing_requests=lambda: 4.0),
+    )
     assert rollout_policy(ctx) == (3, {})  # ceil(9 / 4)
     pin_replicas("rollout-policy-test", 2)
     try:

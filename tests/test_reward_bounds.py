@@ -33,9 +33,17 @@ def _off_main(fn):
     return box[0]
 
 
-@pytest.mark.parametrize("completion, gold, want", [
-    ("#### 0.5", "1/2", True), ("#### \\frac{1}{2}", "0.5", True), ("#### 0.4", "1/2", False),
-    ("#### 7", "8", False), ("#### 1,000", "1000", True), ("#### 3", "3.0", True)])
+@pytest.mark.parametrize(
+    "completion, gold, want",
+    [
+        ("#### 0.5", "1/2", True),
+        ("#### \\frac{1}{2}", "0.5", True),
+        ("#### 0.4", "1/2", False),
+        ("#### 7", "8", False),
+        ("#### 1,000", "1000", True),
+        ("#### 3", "3.0", True),
+    ],
+)
 def test_a_symbolic_match_scores_off_the_main_thread_as_on_it(completion, gold, want):
     assert answers_match(completion, gold) is want
     assert _off_main(lambda: answers_match(completion, gold)) is want
@@ -62,11 +70,16 @@ def test_the_checkers_worker_ends_with_its_owner():
     assert worker.poll() is not None
 
 
-@pytest.mark.parametrize("text", [
-    "#### 1" + " " * 64_000 + "x",  # was quadratic: 8k spaces took 0.6 s
-    "the answer is" + " " * 64_000 + "x",  # was cubic: 400 spaces took 0.55 s
-    ("answer " + " " * 100) * 640 + "x",
-    "#### " + "1," * 32_000 + " x"], ids=["hash-spaces", "answer-is-spaces", "many-answers", "hash-commas"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "#### 1" + " " * 64_000 + "x",  # was quadratic: 8k spaces took 0.6 s
+        "the answer is" + " " * 64_000 + "x",  # was cubic: 400 spaces took 0.55 s
+        ("answer " + " " * 100) * 640 + "x",
+        "#### " + "1," * 32_000 + " x",
+    ],
+    ids=["hash-spaces", "answer-is-spaces", "many-answers", "hash-commas"],
+)
 def test_answer_extraction_takes_linear_time(text):
     t0 = time.perf_counter()
     for how in ("strict", "flexible"):
@@ -75,9 +88,17 @@ def test_answer_extraction_takes_linear_time(text):
     assert time.perf_counter() - t0 < 1.0  # about 10 ms here; the old patterns needed minutes
 
 
-@pytest.mark.parametrize("text, segment", [
-    ("#### 42", "42"), ("####\n42", "42"), ("so #### 1,234 \n", "1,234"), ("#### ", None),
-    ("a\n#### 5\nb #### 7  ", "7"), ("no hashes", None)])
+@pytest.mark.parametrize(
+    "text, segment",
+    [
+        ("#### 42", "42"),
+        ("####\n42", "42"),
+        ("so #### 1,234 \n", "1,234"),
+        ("#### ", None),
+        ("a\n#### 5\nb #### 7  ", "7"),
+        ("no hashes", None),
+    ],
+)
 def test_the_hash_segment_is_read_as_before(text, segment):
     assert final_segment(text) == segment
 

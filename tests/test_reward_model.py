@@ -33,21 +33,39 @@ def test_bradley_terry_by_hand():
 
 
 def test_trl_preference_rows_and_rejects():
-    conv = {"prompt": [{"role": "user", "content": "2+2?"}], "chosen": [{"role": "assistant", "content": "4"}],
-            "rejected": [{"role": "assistant", "content": "5"}]}
+    conv = {
+        "prompt": [{"role": "user", "content": "2+2?"}],
+        "chosen": [{"role": "assistant", "content": "4"}],
+        "rejected": [{"role": "assistant", "content": "5"}],
+    }
     row = normalize_pair(conv, "prompt", "chosen", "rejected")
     assert (row["prompt"], row["chosen"], row["rejected"], row["reject"]) == ("2+2?", "4", "5", "")
-    assert normalize_pair({"prompt": "q", "chosen": "a"}, "prompt", "chosen", "rejected")["reject"] == \
-        "missing field 'rejected'"
-    assert "identical" in normalize_pair({"prompt": "q", "chosen": "a", "rejected": "a"}, "prompt", "chosen",
-                                         "rejected")["reject"]
-    assert "non-empty" in normalize_pair({"prompt": "q", "chosen": 3, "rejected": "a"}, "prompt", "chosen",
-                                         "rejected")["reject"]
+    assert (
+        normalize_pair({"prompt": "q", "chosen": "a"}, "prompt", "chosen", "rejected")["reject"]
+        == "missing field 'rejected'"
+    )
+    assert (
+        "identical"
+        in normalize_pair({"prompt": "q", "chosen": "a", "rejected": "a"}, "prompt", "chosen", "rejected")["reject"]
+    )
+    assert (
+        "non-empty"
+        in normalize_pair({"prompt": "q", "chosen": 3, "rejected": "a"}, "prompt", "chosen", "rejected")["reject"]
+    )
 
 
 def test_pairs_built_from_answers():
-    rows = [{"id": f"r{i}", "question": f"q{i}", "solution": f"{i} + 1 = {i + 1}\n#### {i + 1}", "answer": str(i + 1),
-             "reject": "", "raw": ""} for i in range(200)]
+    rows = [
+        {
+            "id": f"r{i}",
+            "question": f"q{i}",
+            "solution": f"{i} + 1 = {i + 1}\n#### {i + 1}",
+            "answer": str(i + 1),
+            "reject": "",
+            "raw": "",
+        }
+        for i in range(200)
+    ]
     rows.append({**{c: "" for c in COLUMNS}, "reject": "missing field 'answer'", "raw": "{}"})
     pairs = build_pairs(pd.DataFrame(rows, columns=COLUMNS), mismatch_fraction=0.5, seed=0)
     good = pairs[pairs["reject"] == ""]
@@ -85,19 +103,25 @@ def test_served_reward_model_ranks_like_offline(trained_reward_model, serve_url)
 
     report = json.loads((trained_reward_model / "report.json").read_text())
     pairs = [json.loads(x) for x in (trained_reward_model / "heldout_pairs.jsonl").read_text().splitlines()]
-    cfg = build(RewardServiceConfig, {"cpus_per_replica": 0.5, "rewards": [],
-                                      "model": {"path": report["model_path"], "name": "rm", "max_length": 512}})
+    cfg = build(
+        RewardServiceConfig,
+        {
+            "cpus_per_replica": 0.5,
+            "rewards": [],
+            "model": {"path": report["model_path"], "name": "rm", "max_length": 512},
+        },
+    )
     serve.run(build_app(cfg), name="reward-trained", route_prefix="/trained")
     try:
         wins = 0
         for i in range(0, len(pairs), 16):
-            chunk = pairs[i:i + 16]
+            chunk = pairs[i : i + 16]
             prompts = [p["prompt"] for p in chunk] * 2
             query = [p["prompt"] + "\n" + p[side] for side in ("chosen", "rejected") for p in chunk]
             r = post(f"{serve_url}/trained/get_reward", {"query": query, "prompts": prompts}, token=None)
             assert r.status_code == 200, r.text
             scores = r.json()["rewards"]
-            wins += sum(c > j for c, j in zip(scores[:len(chunk)], scores[len(chunk):]))
+            wins += sum(c > j for c, j in zip(scores[: len(chunk)], scores[len(chunk) :]))
         assert len(pairs) == 96
         assert wins / len(pairs) == pytest.approx(report["heldout_pairwise_accuracy"], abs=1.5 / len(pairs))
     finally:

@@ -20,14 +20,37 @@ def reward_url(serve_url):
     from raypost.config.serve import RewardServiceConfig
     from raypost.serve.reward_app import build_app
 
-    good = build(RewardServiceConfig, {
-        "auth_token": TOKEN, "max_items": 8, "max_text_chars": 200, "max_body_bytes": 4096, "cpus_per_replica": 0.5,
-        "rewards": [{"name": "accuracy", "fn": "accuracy", "weight": 1.0, "needs_labels": True},
-                    {"name": "format", "fn": "format", "weight": 0.5},
-                    {"name": "trl_acc", "fn": "trl.rewards:accuracy_reward", "weight": 0.0, "needs_labels": True,
-                     "conversational": True}]})
-    bad = build(RewardServiceConfig, {"cpus_per_replica": 0.5, "rewards": [
-        {"name": "explode", "fn": "tests.reward_fns:explode"}, {"name": "length", "fn": "tests.reward_fns:length_reward"}]})
+    good = build(
+        RewardServiceConfig,
+        {
+            "auth_token": TOKEN,
+            "max_items": 8,
+            "max_text_chars": 200,
+            "max_body_bytes": 4096,
+            "cpus_per_replica": 0.5,
+            "rewards": [
+                {"name": "accuracy", "fn": "accuracy", "weight": 1.0, "needs_labels": True},
+                {"name": "format", "fn": "format", "weight": 0.5},
+                {
+                    "name": "trl_acc",
+                    "fn": "trl.rewards:accuracy_reward",
+                    "weight": 0.0,
+                    "needs_labels": True,
+                    "conversational": True,
+                },
+            ],
+        },
+    )
+    bad = build(
+        RewardServiceConfig,
+        {
+            "cpus_per_replica": 0.5,
+            "rewards": [
+                {"name": "explode", "fn": "tests.reward_fns:explode"},
+                {"name": "length", "fn": "tests.reward_fns:length_reward"},
+            ],
+        },
+    )
     serve.run(build_app(good), name="reward", route_prefix="/reward")
     serve.run(build_app(bad), name="reward-bad", route_prefix="/bad")
     yield serve_url
@@ -42,8 +65,11 @@ def post(url: str, body, token: str | None = TOKEN, raw: bytes | None = None) ->
 
 
 def test_scores_weighted_sum(reward_url):
-    body = {"prompts": ["q1", "q2", "q3"], "completions": ["2 + 2 = 4\n#### 4", "#### 5", "four"],
-            "labels": ["4", "4", "4"]}
+    body = {
+        "prompts": ["q1", "q2", "q3"],
+        "completions": ["2 + 2 = 4\n#### 4", "#### 5", "four"],
+        "labels": ["4", "4", "4"],
+    }
     r = post(f"{reward_url}/reward/v1/rewards", body)
     assert r.status_code == 200, r.text
     out = r.json()
@@ -72,8 +98,12 @@ def test_reward_subset_by_name(reward_url):
 
 
 def test_trl_reward_function_unchanged(reward_url):
-    body = {"prompts": ["q", "q"], "completions": ["so \\boxed{7}", "so \\boxed{8}"], "labels": ["7", "7"],
-            "rewards": ["trl_acc"]}
+    body = {
+        "prompts": ["q", "q"],
+        "completions": ["so \\boxed{7}", "so \\boxed{8}"],
+        "labels": ["7", "7"],
+        "rewards": ["trl_acc"],
+    }
     r = post(f"{reward_url}/reward/v1/rewards", body)
     assert r.status_code == 200, r.text
     assert r.json()["scores"]["trl_acc"] == [1.0, 0.0]
@@ -81,8 +111,11 @@ def test_trl_reward_function_unchanged(reward_url):
 
 def test_openrlhf_get_reward(reward_url):
     prompts = ["<|im_start|>user\nAva has 3 pens and buys 4.<|im_end|>\n<|im_start|>assistant\n"] * 2
-    body = {"query": [prompts[0] + "3 + 4 = 7\n#### 7", prompts[1] + "3 + 4 = 8\n#### 8"], "prompts": prompts,
-            "labels": ["7", "7"]}
+    body = {
+        "query": [prompts[0] + "3 + 4 = 7\n#### 7", prompts[1] + "3 + 4 = 8\n#### 8"],
+        "prompts": prompts,
+        "labels": ["7", "7"],
+    }
     r = post(f"{reward_url}/reward/get_reward", body)
     assert r.status_code == 200, r.text
     assert r.json()["rewards"] == [1.5, 0.5]
@@ -102,21 +135,29 @@ def test_auth_required(reward_url, token):
     assert r.status_code == 401 and "bearer token" in r.json()["detail"]
 
 
-@pytest.mark.parametrize("body,raw,status,needle", [
-    (None, b"{not json", 400, "malformed JSON"),
-    (None, b"\xff\xfe", 400, "malformed JSON"),
-    ([1, 2], None, 422, "expected a JSON object"),
-    ({"prompts": ["q"]}, None, 422, "completions: Field required"),
-    ({"prompts": "q", "completions": ["a"]}, None, 422, "prompts: Input should be a valid list"),
-    ({"prompts": [1], "completions": ["a"]}, None, 422, "prompts.0: Input should be a valid string"),
-    ({"prompts": ["q"], "completions": ["a"], "extra": 1}, None, 422, "extra: Extra inputs are not permitted"),
-    ({"prompts": ["q", "r"], "completions": ["a"]}, None, 422, "prompts has 2 items but completions has 1"),
-    ({"prompts": ["q"] * 9, "completions": ["a"] * 9}, None, 422, "9 items is over the limit of 8"),
-    ({"prompts": ["q"], "completions": ["x" * 201]}, None, 422, "over the limit of 200"),
-    ({"prompts": ["q"], "completions": ["a"]}, None, 422, "labels are required by reward(s) ['accuracy', 'trl_acc']"),
-    ({"prompts": ["q"], "completions": ["a"], "rewards": ["nope"]}, None, 422, "unknown reward name(s) ['nope']"),
-    (None, b'{"prompts": ["' + b"q" * 5000 + b'"]}', 413, "over the limit of 4096"),
-])
+@pytest.mark.parametrize(
+    "body,raw,status,needle",
+    [
+        (None, b"{not json", 400, "malformed JSON"),
+        (None, b"\xff\xfe", 400, "malformed JSON"),
+        ([1, 2], None, 422, "expected a JSON object"),
+        ({"prompts": ["q"]}, None, 422, "completions: Field required"),
+        ({"prompts": "q", "completions": ["a"]}, None, 422, "prompts: Input should be a valid list"),
+        ({"prompts": [1], "completions": ["a"]}, None, 422, "prompts.0: Input should be a valid string"),
+        ({"prompts": ["q"], "completions": ["a"], "extra": 1}, None, 422, "extra: Extra inputs are not permitted"),
+        ({"prompts": ["q", "r"], "completions": ["a"]}, None, 422, "prompts has 2 items but completions has 1"),
+        ({"prompts": ["q"] * 9, "completions": ["a"] * 9}, None, 422, "9 items is over the limit of 8"),
+        ({"prompts": ["q"], "completions": ["x" * 201]}, None, 422, "over the limit of 200"),
+        (
+            {"prompts": ["q"], "completions": ["a"]},
+            None,
+            422,
+            "labels are required by reward(s) ['accuracy', 'trl_acc']",
+        ),
+        ({"prompts": ["q"], "completions": ["a"], "rewards": ["nope"]}, None, 422, "unknown reward name(s) ['nope']"),
+        (None, b'{"prompts": ["' + b"q" * 5000 + b'"]}', 413, "over the limit of 4096"),
+    ],
+)
 def test_bad_input_is_4xx_naming_the_field(reward_url, body, raw, status, needle):
     r = post(f"{reward_url}/reward/v1/rewards", body, raw=raw)
     assert r.status_code == status, r.text
@@ -130,7 +171,10 @@ def test_openrlhf_bad_lengths(reward_url):
 
 def test_failing_function_is_500_and_replica_keeps_serving(reward_url):
     r = post(f"{reward_url}/bad/v1/rewards", {"prompts": ["q"], "completions": ["boom"]}, token=None)
-    assert r.status_code == 500 and "reward function 'explode' failed: RuntimeError: injected failure" in r.json()["detail"]
+    assert (
+        r.status_code == 500
+        and "reward function 'explode' failed: RuntimeError: injected failure" in r.json()["detail"]
+    )
     r = post(f"{reward_url}/bad/v1/rewards", {"prompts": ["q", "q"], "completions": ["ok", "okay"]}, token=None)
     assert r.status_code == 200 and r.json()["rewards"] == [2.5, 4.5]
     assert requests.get(f"{reward_url}/bad/health", timeout=10).json()["status"] == "ok"
@@ -165,8 +209,14 @@ def test_reward_model_served_over_http(serve_url):
     from raypost.config.serve import RewardServiceConfig
     from raypost.serve.reward_app import build_app
 
-    cfg = build(RewardServiceConfig, {"cpus_per_replica": 0.5, "rewards": [{"name": "format", "fn": "format"}],
-                                      "model": {"path": minilm_path(), "name": "rm", "weight": 1.0, "max_length": 64}})
+    cfg = build(
+        RewardServiceConfig,
+        {
+            "cpus_per_replica": 0.5,
+            "rewards": [{"name": "format", "fn": "format"}],
+            "model": {"path": minilm_path(), "name": "rm", "weight": 1.0, "max_length": 64},
+        },
+    )
     serve.run(build_app(cfg), name="reward-rm", route_prefix="/rm")
     try:
         body = {"query": ["q1 #### 7", "q2 blah"], "prompts": ["q1 ", "q2 "]}

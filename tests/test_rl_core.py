@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -24,8 +25,9 @@ PAD = 0
 # -- collate: targets, masks and behaviour log-probs line up ----------------------------------
 def test_collate_aligns_targets_mask_and_behaviour_logprobs():
     short = Sequence(ids=[5, 6, 7, 8, 9], start=3, old=[-0.8, -0.9], sample_id="a#0", adv=1.5, stale=1)
-    long = Sequence(ids=[5, 6, 10, 11, 12, 13, 14], start=2, old=[-0.1, -0.2, -0.3, -0.4, -0.5], sample_id="b#0",
-                    adv=-1.0)
+    long = Sequence(
+        ids=[5, 6, 10, 11, 12, 13, 14], start=2, old=[-0.1, -0.2, -0.3, -0.4, -0.5], sample_id="b#0", adv=-1.0
+    )
     b = collate([short, long], PAD)
     assert b["input_ids"].tolist() == [[5, 6, 7, 8, 9, PAD, PAD], [5, 6, 10, 11, 12, 13, 14]]
     assert b["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 0, 0], [1] * 7]
@@ -74,15 +76,20 @@ def _groups() -> list[G.Group]:
     def sample(reason: str) -> G.Sample:
         return G.Sample([1, 2], [-0.1, -0.2], reason, "t", version=3)
 
-    return [G.Group("a", [9], "qa", "1", [sample("stop"), sample("length")]),
-            G.Group("b", [9], "qb", "2", [sample("length"), sample("stop")])]
+    return [
+        G.Group("a", [9], "qa", "1", [sample("stop"), sample("length")]),
+        G.Group("b", [9], "qb", "2", [sample("length"), sample("stop")]),
+    ]
 
 
-@pytest.mark.parametrize("overlong,rewards,masks", [
-    ("none", [1.0, 0.5, 0.25, 0.0], [True, True, True, True]),
-    ("filter", [1.0, 0.5, 0.25, 0.0], [True, False, False, True]),
-    ("penalty", [1.0, 0.5 - 0.75, 0.25 - 0.75, 0.0], [True, True, True, True]),
-])
+@pytest.mark.parametrize(
+    "overlong,rewards,masks",
+    [
+        ("none", [1.0, 0.5, 0.25, 0.0], [True, True, True, True]),
+        ("filter", [1.0, 0.5, 0.25, 0.0], [True, False, False, True]),
+        ("penalty", [1.0, 0.5 - 0.75, 0.25 - 0.75, 0.0], [True, True, True, True]),
+    ],
+)
 def test_apply_scores_fills_rewards_in_flat_order_and_applies_overlong(overlong, rewards, masks):
     groups = _groups()
     out = {"rewards": [1.0, 0.5, 0.25, 0.0], "scores": {"accuracy": [1, 0, 0, 0], "format": [0.0, 0.5, 0.25, 0.0]}}
@@ -124,9 +131,16 @@ class FakeRollout:
             raise self.fail[row].pop(0)
         if row in self.hang:
             await asyncio.sleep(3600)
-        return [{"version": self.version, "completions": [
-            {"token_ids": [p[0], i], "logprobs": [-1.0, -1.0], "finish_reason": "stop", "text": f"{p[0]}:{i}"}
-            for i in range(n)]} for p in prompts]
+        return [
+            {
+                "version": self.version,
+                "completions": [
+                    {"token_ids": [p[0], i], "logprobs": [-1.0, -1.0], "finish_reason": "stop", "text": f"{p[0]}:{i}"}
+                    for i in range(n)
+                ],
+            }
+            for p in prompts
+        ]
 
     async def _version(self) -> int:
         return self.version
@@ -159,8 +173,15 @@ def rows(start: int = 0, stop: int = 1000) -> Iterator[dict]:
         yield {"id": j, "prompt_ids": [j, 7, 7], "question": f"q{j}", "answer": "1"}
 
 
-def producer(eta: int = 0, batch: int = 2, handle: FakeRollout | None = None, reward: FakeReward | None = None,
-             source: Iterator[dict] | None = None, version: int = 0, **algo: Any) -> RolloutProducer:
+def producer(
+    eta: int = 0,
+    batch: int = 2,
+    handle: FakeRollout | None = None,
+    reward: FakeReward | None = None,
+    source: Iterator[dict] | None = None,
+    version: int = 0,
+    **algo: Any,
+) -> RolloutProducer:
     cfg = AlgoConfig(group_size=2, prompts_per_step=batch, **algo)
     ctl = RolloutController(StalenessAdmission(eta, batch), G.dynamic_sampling(cfg), version=version)
     client = RolloutClient(handle=handle or FakeRollout(), max_attempts=3, backoff_s=0.001)
@@ -302,8 +323,9 @@ def test_resume_continues_the_prompt_order_and_staleness_bookkeeping():
         first.stop()
     restored = RolloutController(StalenessAdmission(1, 2), version=3)
     assert restored.accepted == 6 and restored.capacity() == (1 + 1) * 2  # eta + 1 batches, as at a fresh v3
-    resumed = producer(eta=1, handle=handle, reward=FakeReward(flat=flat), dynamic_sampling=True,
-                       source=rows(cursor), version=3)
+    resumed = producer(
+        eta=1, handle=handle, reward=FakeReward(flat=flat), dynamic_sampling=True, source=rows(cursor), version=3
+    )
     try:
         for version in range(4, 7):
             groups = resumed.take()[0]
@@ -345,10 +367,20 @@ def test_logits_of_completion_positions_only_give_the_same_logprobs_and_gradient
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2))
-    rows = [Sequence(ids=list(range(1, 1 + p + c)), start=p, old=[-1.0] * c, sample_id=f"{i}#0", adv=1.0)
-            for i, (p, c) in enumerate([(7, 3), (5, 4), (9, 2)])]
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
+    rows = [
+        Sequence(ids=list(range(1, 1 + p + c)), start=p, old=[-1.0] * c, sample_id=f"{i}#0", adv=1.0)
+        for i, (p, c) in enumerate([(7, 3), (5, 4), (9, 2)])
+    ]
     full = collate(rows, pad_id=0)
     trimmed, keep = trim_to_completions(full)
     first = 5 - 1  # the shortest prompt's last token predicts the first completion token
@@ -377,8 +409,11 @@ def test_a_push_that_never_reaches_the_replicas_fails_the_run_with_the_fix():
     try:
         assert [g.version for g in p.take()[0]] == [0, 0]
         p.advance(1)  # pushed, but handle.version stays 0: the replica never sees it
-        with pytest.raises(RuntimeError, match=r"served weight version 0 after the learner had pushed version 1.*"
-                                               r"rollout.weights_dir"):
+        with pytest.raises(
+            RuntimeError,
+            match=r"served weight version 0 after the learner had pushed version 1.*"
+            r"rollout.weights_dir",
+        ):
             p.take()
     finally:
         p.stop()

@@ -35,9 +35,14 @@ def hf_greedy(model_path, state, prompts: list[list[int]], max_new: int):
     outs = []
     for p in prompts:
         with torch.no_grad():
-            gen = model.generate(input_ids=torch.tensor([p]), max_new_tokens=max_new, do_sample=False,
-                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)[0, len(p):].tolist()
-            logits = model(input_ids=torch.tensor([p + gen])).logits[0, len(p) - 1:-1]
+            gen = model.generate(
+                input_ids=torch.tensor([p]),
+                max_new_tokens=max_new,
+                do_sample=False,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+            )[0, len(p) :].tolist()
+            logits = model(input_ids=torch.tensor([p + gen])).logits[0, len(p) - 1 : -1]
         lps = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(gen)[:, None])[:, 0].tolist()
         outs.append((gen, lps))
     return outs
@@ -64,8 +69,17 @@ def rollout(serve_url, served_model):
     wdir = f"/dev/shm/raypost-test-{uuid.uuid4().hex[:8]}"
     # Pushes stream over a gloo group from this process to the engine's worker here (collective,
     # in two buckets); the pipelines' tests cover shm (the default) and object_store.
-    cfg = build(RolloutConfig, {"num_replicas": 1, "cpus_per_replica": 1, "max_model_len": 256, "weights_dir": wdir,
-                                "weight_transport": "collective", "weight_bucket_mb": 1})
+    cfg = build(
+        RolloutConfig,
+        {
+            "num_replicas": 1,
+            "cpus_per_replica": 1,
+            "max_model_len": 256,
+            "weights_dir": wdir,
+            "weight_transport": "collective",
+            "weight_bucket_mb": 1,
+        },
+    )
     serve.run(build_app(str(tiny_model), cfg), name="rollout", route_prefix="/rollout")
     yield {"cfg": cfg, "url": f"{serve_url}/rollout", "model": tiny_model}
     serve.delete("rollout")
@@ -119,8 +133,11 @@ def test_teacher_scoring_matches_transformers(rollout):
     RolloutClient("rollout", rollout["cfg"].weights_dir, transport=rollout["cfg"].weight_transport).update_weights(3, w)
     prompts = prompts_for(rollout["model"])
     want = hf_greedy(rollout["model"], w, prompts, 12)
-    got = serve.get_app_handle("rollout").score.remote([p + ids for p, (ids, _) in zip(prompts, want)],
-                                                       [len(p) for p in prompts], 3).result()
+    got = (
+        serve.get_app_handle("rollout")
+        .score.remote([p + ids for p, (ids, _) in zip(prompts, want)], [len(p) for p in prompts], 3)
+        .result()
+    )
     for g, (ids, lps) in zip(got, want):
         assert len(g["logprobs"]) == len(ids) and max(abs(a - b) for a, b in zip(g["logprobs"], lps)) < 1e-3
         assert [row[0] for row in g["top_ids"]] == ids  # greedy tokens are the teacher's top-1
@@ -143,8 +160,10 @@ def test_lora_push_serves_the_merged_weights(rollout):
 
     tok = load_tokenizer(rollout["model"])
     torch.manual_seed(0)
-    peft = get_peft_model(load_causal_lm(rollout["model"]), LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM",
-                                                                       target_modules=["q_proj", "v_proj", "o_proj"]))
+    peft = get_peft_model(
+        load_causal_lm(rollout["model"]),
+        LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM", target_modules=["q_proj", "v_proj", "o_proj"]),
+    )
     with torch.no_grad():
         for name, p in peft.named_parameters():
             if "lora_B" in name:
@@ -159,9 +178,14 @@ def test_lora_push_serves_the_merged_weights(rollout):
     peft.eval()
     for p, g in zip(prompts, got):
         with torch.no_grad():
-            ids = peft.generate(input_ids=torch.tensor([p]), max_new_tokens=12, do_sample=False,
-                                eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)[0, len(p):].tolist()
-            logits = peft(input_ids=torch.tensor([p + ids])).logits[0, len(p) - 1:-1]
+            ids = peft.generate(
+                input_ids=torch.tensor([p]),
+                max_new_tokens=12,
+                do_sample=False,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+            )[0, len(p) :].tolist()
+            logits = peft(input_ids=torch.tensor([p + ids])).logits[0, len(p) - 1 : -1]
         lps = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(ids)[:, None])[:, 0].tolist()
         c = g["completions"][0]
         assert g["version"] == 4 and c["token_ids"] == ids
@@ -183,22 +207,27 @@ def test_sampling_n_and_seed(rollout):
     long = [[5 + (i + j) % 900 for j in range(200)] for i in range(12)]
     first = client.generate(long, 2, {"temperature": 1.0, "max_tokens": 4, "seed": 7})
     again = client.generate(long, 2, {"temperature": 1.0, "max_tokens": 4, "seed": 7})
-    assert [[c["token_ids"] for c in g["completions"]] for g in first] == \
-        [[c["token_ids"] for c in g["completions"]] for g in again]
+    assert [[c["token_ids"] for c in g["completions"]] for g in first] == [
+        [c["token_ids"] for c in g["completions"]] for g in again
+    ]
 
 
 @pytest.mark.slow
 def test_openai_completions_http(rollout):
-    r = requests.post(f"{rollout['url']}/v1/completions", timeout=60,
-                      json={"prompt": "Ava has 3 pens.", "max_tokens": 5, "temperature": 0.7, "n": 2, "user": "x"})
+    r = requests.post(
+        f"{rollout['url']}/v1/completions",
+        timeout=60,
+        json={"prompt": "Ava has 3 pens.", "max_tokens": 5, "temperature": 0.7, "n": 2, "user": "x"},
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["object"] == "text_completion" and len(body["choices"]) == 2 and body["weight_version"] >= 0
     assert body["usage"]["completion_tokens"] <= 10
     bad = requests.post(f"{rollout['url']}/v1/completions", json={"prompt": "x", "max_tokens": 0}, timeout=30)
     assert bad.status_code == 422 and "max_tokens" in bad.text
-    greedy_n = requests.post(f"{rollout['url']}/v1/completions", timeout=30,
-                             json={"prompt": "x", "max_tokens": 3, "temperature": 0, "n": 2})
+    greedy_n = requests.post(
+        f"{rollout['url']}/v1/completions", timeout=30, json={"prompt": "x", "max_tokens": 3, "temperature": 0, "n": 2}
+    )
     assert greedy_n.status_code == 422 and "n must be 1 when using greedy sampling" in greedy_n.text
     long = requests.post(f"{rollout['url']}/v1/completions", json={"prompt": [5] * 250, "max_tokens": 10}, timeout=30)
     assert long.status_code == 422 and "max_model_len 256" in long.text
@@ -219,8 +248,12 @@ def test_heldout_accuracy_on_vllm_reads_what_transformers_reads(served_model, se
     gold = [normalize_row(r, "question", "answer")["answer"] for r in synthetic.generate(12, seed=11)]
     rows = [{"prompt_ids": p, "answer": a} for p, a in zip(prompts, gold)]
     rollout = build(RolloutConfig, {"cpus_per_replica": 0.5, "max_model_len": 256})
-    out = {engine: heldout_accuracy(str(served_model), rows, EvalConfig(max_new_tokens=16, engine=engine),
-                                    tmp_path, rollout, keep_samples=12) for engine in ("vllm", "transformers")}
+    out = {
+        engine: heldout_accuracy(
+            str(served_model), rows, EvalConfig(max_new_tokens=16, engine=engine), tmp_path, rollout, keep_samples=12
+        )
+        for engine in ("vllm", "transformers")
+    }
     texts = {engine: [s["completion"] for s in res["samples"]] for engine, res in out.items()}
     assert texts["vllm"] == texts["transformers"] and len(texts["vllm"]) == 12 and all(texts["vllm"])
     assert out["vllm"]["accuracy"] == out["transformers"]["accuracy"] and out["vllm"]["n"] == 12

@@ -33,11 +33,15 @@ def world(monkeypatch, tmp_path):
 
     monkeypatch.setattr(sampled, "rollout_channel", lambda rollout, weights_dir: Channel())
     monkeypatch.setattr(sampled, "push_weights", push)
-    monkeypatch.setattr(checkpointing, "save_and_report",
-                        lambda engine, state, metrics, rank, exporter, run_dir: rec.events.append(("checkpoint", state.step)))
+    monkeypatch.setattr(
+        checkpointing,
+        "save_and_report",
+        lambda engine, state, metrics, rank, exporter, run_dir: rec.events.append(("checkpoint", state.step)),
+    )
     monkeypatch.setattr(checkpointing, "hf_exporter", lambda *a: "export")
-    cfg = GRPOConfig.model_validate({"run": {"checkpoint_every": 2, "wandb_mode": "disabled", "log_every": 1},
-                                     "rollout": {"weight_bucket_mb": 8}})
+    cfg = GRPOConfig.model_validate(
+        {"run": {"checkpoint_every": 2, "wandb_mode": "disabled", "log_every": 1}, "rollout": {"weight_bucket_mb": 8}}
+    )
     config = {"run_dir": str(tmp_path), "weights_dir": str(tmp_path / "w"), "cfg": {}}
     return rec, cfg, config, tmp_path
 
@@ -55,10 +59,17 @@ def sampler(rec: Recorder, steps: int, fail_at: int | None = None) -> sampled.Sa
         return {"loss": 1.0}
 
     return sampled.Sampler(
-        phase="grpo", label="grpo", steps=steps, shown=("loss",), take=take, learn=learn,
+        phase="grpo",
+        label="grpo",
+        steps=steps,
+        shown=("loss",),
+        take=take,
+        learn=learn,
         extra=lambda seqs, m, step_s: {"tokens": float(len(seqs[0].ids))},
-        start=lambda: rec.events.append(("start",)), advance=lambda v: rec.events.append(("advance", v)),
-        stop=lambda: rec.events.append(("stop",)))
+        start=lambda: rec.events.append(("start",)),
+        advance=lambda v: rec.events.append(("advance", v)),
+        stop=lambda: rec.events.append(("stop",)),
+    )
 
 
 def test_each_step_takes_learns_pushes_the_next_version_then_advances(world):
@@ -66,11 +77,25 @@ def test_each_step_takes_learns_pushes_the_next_version_then_advances(world):
     state = checkpointing.ControllerState(step=0, cursor=0, weight_version=0)
     sampled.run_steps(cfg, config, 0, 1, object(), SimpleNamespace(), state, sampler(rec, steps=3))
     assert rec.events == [
-        ("push", 0, 8), ("start",),  # the replicas serve the restored weights before sampling starts
-        ("take", 0), ("learn", 1), ("push", 1, 8), ("advance", 1),
-        ("take", 1), ("learn", 1), ("push", 2, 8), ("advance", 2), ("checkpoint", 2),  # checkpoint_every 2
-        ("take", 2), ("learn", 1), ("push", 3, 8), ("advance", 3), ("checkpoint", 3),  # and the last
-        ("stop",), ("stop_serving",)]
+        ("push", 0, 8),
+        ("start",),  # the replicas serve the restored weights before sampling starts
+        ("take", 0),
+        ("learn", 1),
+        ("push", 1, 8),
+        ("advance", 1),
+        ("take", 1),
+        ("learn", 1),
+        ("push", 2, 8),
+        ("advance", 2),
+        ("checkpoint", 2),  # checkpoint_every 2
+        ("take", 2),
+        ("learn", 1),
+        ("push", 3, 8),
+        ("advance", 3),
+        ("checkpoint", 3),  # and the last
+        ("stop",),
+        ("stop_serving",),
+    ]
     assert (state.step, state.weight_version, state.cursor) == (3, 3, 12)
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3] and [r["weight_version"] for r in rows] == [1, 2, 3]

@@ -17,9 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_serve_yaml_loads_and_builds(path):
     import importlib
 
-    from ray.serve.schema import ServeDeploySchema
-
     from ray import serve
+    from ray.serve.schema import ServeDeploySchema
 
     from serve_apps.reward import config_from_args
 
@@ -38,20 +37,21 @@ def test_serve_yaml_loads_and_builds(path):
 
 
 def test_reward_cli_config():
-    from serve_apps.reward import ALIASES
     from raypost.config import load_config
     from raypost.config.serve import RewardServiceConfig
+    from serve_apps.reward import ALIASES
 
-    cfg = load_config(RewardServiceConfig, ["--model", "/x/rm", "--port", "9000", "--token", "abcdefgh1"],
-                      aliases=ALIASES)
+    cfg = load_config(
+        RewardServiceConfig, ["--model", "/x/rm", "--port", "9000", "--token", "abcdefgh1"], aliases=ALIASES
+    )
     assert cfg.model.path == "/x/rm" and cfg.port == 9000 and cfg.auth_token == "abcdefgh1" and cfg.host == "127.0.0.1"
     with pytest.raises(ConfigError, match="did you mean 'max_items'"):
         load_config(RewardServiceConfig, ["--max_itemz", "3"])
 
 
 def test_rollout_cli_config():
-    from serve_apps.rollout import RolloutAppConfig, _split
     from raypost.config import load_config
+    from serve_apps.rollout import RolloutAppConfig, _split
 
     cfg = load_config(RolloutAppConfig, ["--model", "/m", "--num_replicas", "2"])
     model, rollout = _split(cfg)

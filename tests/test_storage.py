@@ -21,28 +21,34 @@ import pytest
 from raypost.utils.local_head import free_port
 from tests.conftest import ROOT, run_pipeline
 
+
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     """An S3 endpoint (moto_server) with one bucket; yields its URI options."""
     port = free_port()
     log = tmp_path_factory.mktemp("moto") / "moto.log"
     with log.open("w") as fh:
-        proc = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
-                                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.time() + 60
         while True:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
-            except OSError:
+            except OSError as err:
                 if time.time() > deadline or proc.poll() is not None:
-                    raise RuntimeError(f"moto_server did not start: {log.read_text()[-2000:]}")
+                    raise RuntimeError(f"moto_server did not start: {log.read_text()[-2000:]}") from err
                 time.sleep(0.2)
         from pyarrow import fs  # credentials: tests/conftest.py (any, for moto)
 
-        s3fs, _ = fs.FileSystem.from_uri(f"s3://runs?endpoint_override=127.0.0.1:{port}&scheme=http"
-                                         "&allow_bucket_creation=true")
+        s3fs, _ = fs.FileSystem.from_uri(
+            f"s3://runs?endpoint_override=127.0.0.1:{port}&scheme=http&allow_bucket_creation=true"
+        )
         s3fs.create_dir("runs")
         yield {"query": f"endpoint_override=127.0.0.1:{port}&scheme=http", "fs": s3fs}
     finally:
@@ -54,7 +60,7 @@ def keys(s3fs, prefix: str) -> set[str]:
     from pyarrow import fs
 
     found = s3fs.get_file_info(fs.FileSelector(prefix, recursive=True, allow_not_found=True))
-    return {f.path[len(prefix) + 1:] for f in found if f.type == fs.FileType.File}
+    return {f.path[len(prefix) + 1 :] for f in found if f.type == fs.FileType.File}
 
 
 def test_a_working_copy_maps_back_to_its_uri(monkeypatch, tmp_path):
@@ -79,8 +85,12 @@ def test_the_mirror_leaves_checkpoints_to_ray_and_fetches_their_exports(s3, monk
     monkeypatch.setenv("RAYPOST_STORAGE_CACHE", str(tmp_path / "machine-a"))
     uri = f"s3://runs/mirror?{s3['query']}"
     run = storage.working_copy(uri) / "r"
-    for rel, text in {"metrics.jsonl": "{}\n", "warmup/metrics.jsonl": "{}\n",
-                      "checkpoint_1/hf/model.safetensors": "w", "checkpoint_1/ds/states.pt": "s"}.items():
+    for rel, text in {
+        "metrics.jsonl": "{}\n",
+        "warmup/metrics.jsonl": "{}\n",
+        "checkpoint_1/hf/model.safetensors": "w",
+        "checkpoint_1/ds/states.pt": "s",
+    }.items():
         (run / rel).parent.mkdir(parents=True, exist_ok=True)
         (run / rel).write_text(text)
     assert storage.push(run) == 2  # checkpoints are Ray Train's to write
@@ -132,8 +142,11 @@ def test_a_checkpoint_is_reported_only_after_its_records_are_in_the_bucket(s3, m
     state = checkpointing.ControllerState(step=4, cursor=8)
     checkpointing.save_and_report(_SavingEngine(), state, {"step": 4}, rank=0, run_dir=run)
     assert seen["bucket"] == {"metrics.jsonl", checkpointing.SAMPLES_FILE}
-    assert seen["checkpoint"] == {f"{checkpointing.DS_TAG}/states.pt", checkpointing.STATE_FILE,
-                                  checkpointing.METRICS_FILE}
+    assert seen["checkpoint"] == {
+        f"{checkpointing.DS_TAG}/states.pt",
+        checkpointing.STATE_FILE,
+        checkpointing.METRICS_FILE,
+    }
     seen.clear()
     checkpointing.save_and_report(_SavingEngine(), state, {"step": 4}, rank=1, run_dir=run)
     assert seen["checkpoint"] == {f"{checkpointing.DS_TAG}/states.pt"}  # only rank 0 adds the state and mirrors
@@ -151,7 +164,8 @@ def snapshot_steps(s3fs, prefix: str) -> list[int]:
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
 def test_an_sft_run_in_s3_resumes_after_its_driver_is_killed_on_a_machine_without_its_files(
-        s3, ray_cluster, tmp_path, monkeypatch):
+    s3, ray_cluster, tmp_path, monkeypatch
+):
     """The driver is killed after a checkpoint. The same command, on a machine with none of the
     run's files, resumes from the bucket at the right step and data position: every step is trained
     once in the end, the steps replayed after the checkpoint see the same examples as before, and
@@ -165,10 +179,20 @@ def test_an_sft_run_in_s3_resumes_after_its_driver_is_killed_on_a_machine_withou
     args = small_args(tmp_path, "s", 2, steps=16, every=4, tiny=False)
     args[args.index("--run.storage_path") + 1] = uri
     monkeypatch.setenv("RAYPOST_STORAGE_CACHE", str(tmp_path / "machine-a"))  # the driver's working copies
-    env = {**os.environ, "RAY_ADDRESS": ray_cluster, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token"),
-           "WANDB_MODE": "disabled"}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "pipelines" / "sft.py"), *args], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    env = {
+        **os.environ,
+        "RAY_ADDRESS": ray_cluster,
+        "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token"),
+        "WANDB_MODE": "disabled",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "pipelines" / "sft.py"), *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.time() + 400
     try:
         while not any(step >= 4 for step in snapshot_steps(s3["fs"], "runs/team/s")):

@@ -13,7 +13,9 @@ def _tokenizers_equal(a, b) -> bool:
     from raypost.models.hf import load_tokenizer
 
     ta, tb = load_tokenizer(a), load_tokenizer(b)
-    return ta.get_vocab() == tb.get_vocab() and ta.chat_template == tb.chat_template and ta.eos_token_id == tb.eos_token_id
+    return (
+        ta.get_vocab() == tb.get_vocab() and ta.chat_template == tb.chat_template and ta.eos_token_id == tb.eos_token_id
+    )
 
 
 def _check_pruned(teacher_path, student_path, keep: list[int]) -> None:
@@ -49,8 +51,14 @@ def test_from_config_has_the_teachers_architecture_at_the_students_shape(tiny_mo
     student = from_config(str(tiny_model), shape, tmp_path / "s")
     teacher_cfg, student_cfg = AutoConfig.from_pretrained(tiny_model), AutoConfig.from_pretrained(student)
     assert type(student_cfg) is type(teacher_cfg) and student_cfg.vocab_size == teacher_cfg.vocab_size
-    assert describe(student) == {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1,
-                                 "intermediate_size": 48, "vocab_size": teacher_cfg.vocab_size}
+    assert describe(student) == {
+        "hidden_size": 32,
+        "num_layers": 1,
+        "num_heads": 2,
+        "num_kv_heads": 1,
+        "intermediate_size": 48,
+        "vocab_size": teacher_cfg.vocab_size,
+    }
     assert num_params(str(student)) < num_params(str(tiny_model)) / 2
     assert _tokenizers_equal(tiny_model, student)
     # Built once: a second call (a resumed run) keeps the first build, whatever the shape says.
@@ -65,8 +73,9 @@ def test_pruned_student_keeps_the_teachers_own_layers(tmp_path):
     from raypost.models.tiny import build_tiny_model
 
     rows = synthetic.generate(200, seed=3)
-    teacher = build_tiny_model(TinyModelConfig(**{**TINY, "num_layers": 5}), [r["question"] for r in rows],
-                               tmp_path / "t")
+    teacher = build_tiny_model(
+        TinyModelConfig(**{**TINY, "num_layers": 5}), [r["question"] for r in rows], tmp_path / "t"
+    )
     assert kept_layers(5, 2) == [0, 2, 4] and kept_layers(30, 3) == list(range(0, 30, 3))
     _check_pruned(teacher, pruned(str(teacher), 2, tmp_path / "s"), [0, 2, 4])
     # Named layers (the first and the last two), in the teacher's order.
@@ -77,8 +86,15 @@ def test_pruned_student_keeps_the_teachers_own_layers(tmp_path):
     with pytest.raises(ValueError, match="keeps all 5 layers"):
         pruned(str(teacher), 2, tmp_path / "s6", [0, 1, 2, 3, 4])
     with pytest.raises(ValueError, match="keeps all 1 layers"):
-        pruned(str(build_tiny_model(TinyModelConfig(**{**TINY, "num_layers": 1}), [r["question"] for r in rows],
-                                    tmp_path / "one")), 2, tmp_path / "s1")
+        pruned(
+            str(
+                build_tiny_model(
+                    TinyModelConfig(**{**TINY, "num_layers": 1}), [r["question"] for r in rows], tmp_path / "one"
+                )
+            ),
+            2,
+            tmp_path / "s1",
+        )
 
 
 def test_students_of_smollm2(tmp_path):
@@ -94,8 +110,11 @@ def test_students_of_smollm2(tmp_path):
     half = pruned(teacher, 2, tmp_path / "half")
     assert describe(half)["num_layers"] == 15 and describe(teacher)["num_layers"] == 30
     _check_pruned(resolve(teacher), half, list(range(0, 30, 2)))
-    small = from_config(teacher, TinyModelConfig(hidden_size=256, num_layers=6, num_heads=4, num_kv_heads=2,
-                                                 intermediate_size=768), tmp_path / "small")
+    small = from_config(
+        teacher,
+        TinyModelConfig(hidden_size=256, num_layers=6, num_heads=4, num_kv_heads=2, intermediate_size=768),
+        tmp_path / "small",
+    )
     assert isinstance(LlamaConfig.from_pretrained(small), LlamaConfig)
     assert 15e6 < num_params(str(small)) < 40e6  # embeddings (49,152 x 256, tied) included
     assert _tokenizers_equal(resolve(teacher), small)

@@ -29,7 +29,9 @@ def test_every_shipped_space_loads(path: Path):
 
 
 def test_spaces_cover_every_sweepable_pipeline():
-    assert {load_space(p).pipeline for p in SPACES} == {"sft", "grpo", "distill"}
+    from raypost.pipelines import tunable
+
+    assert {load_space(p).pipeline for p in SPACES} == set(tunable())
 
 
 def _write(tmp_path: Path, params: dict, **extra) -> Path:
@@ -49,13 +51,16 @@ def test_section_is_not_a_searchable_value(tmp_path):
         load_space(_write(tmp_path, {"optim": {"choice": [1, 2]}}))
 
 
-@pytest.mark.parametrize("dist, message", [
-    ({"loguniform": [0.0, 1.0]}, "loguniform needs lo > 0"),
-    ({"uniform": [2.0, 1.0]}, r"uniform needs lo < hi"),
-    ({"uniform": [0.1, 0.2], "choice": [1]}, "give exactly one of"),
-    ({"normal": [0, 1]}, r"params.optim.lr: unknown distribution 'normal'; use one of loguniform"),
-    (0.001, r"params.optim.lr: a distribution is a mapping such as \{uniform: \[lo, hi\]\}"),
-])
+@pytest.mark.parametrize(
+    "dist, message",
+    [
+        ({"loguniform": [0.0, 1.0]}, "loguniform needs lo > 0"),
+        ({"uniform": [2.0, 1.0]}, r"uniform needs lo < hi"),
+        ({"uniform": [0.1, 0.2], "choice": [1]}, "give exactly one of"),
+        ({"normal": [0, 1]}, r"params.optim.lr: unknown distribution 'normal'; use one of loguniform"),
+        (0.001, r"params.optim.lr: a distribution is a mapping such as \{uniform: \[lo, hi\]\}"),
+    ],
+)
 def test_bad_distribution_is_named(tmp_path, dist, message):
     with pytest.raises(ConfigError, match=message):
         load_space(_write(tmp_path, {"optim.lr": dist}))
@@ -67,8 +72,13 @@ def test_value_the_pipeline_rejects_names_param_and_bound(tmp_path):
 
 
 def test_base_overrides_and_params_reach_the_trial_config(tmp_path):
-    space = load_space(_write(tmp_path, {"optim.lr": {"grid": [0.001, 0.002]}},
-                              base={"train": {"max_steps": 7}, "optim": {"lr": 0.5, "micro_batch_size": 2}}))
+    space = load_space(
+        _write(
+            tmp_path,
+            {"optim.lr": {"grid": [0.001, 0.002]}},
+            base={"train": {"max_steps": 7}, "optim": {"lr": 0.5, "micro_batch_size": 2}},
+        )
+    )
     cfg = trial_config(space, {"optim.lr": 0.002})
     assert (cfg.optim.lr, cfg.optim.micro_batch_size, cfg.train.max_steps) == (0.002, 2, 7)
 
@@ -107,8 +117,9 @@ def test_random_and_grid_search_carry_the_concurrency_limit(tmp_path):
     from raypost.tune.sweep import search_alg
 
     for kind in ("random", "grid"):
-        space = load_space(_write(tmp_path, {"optim.lr": {"choice": [0.1, 0.2]}}, search={"type": kind},
-                                  max_concurrent_trials=3))
+        space = load_space(
+            _write(tmp_path, {"optim.lr": {"choice": [0.1, 0.2]}}, search={"type": kind}, max_concurrent_trials=3)
+        )
         assert search_alg(space).max_concurrent == 3
 
 
@@ -119,11 +130,15 @@ def test_eval_loss_needs_an_eval_at_every_checkpoint(tmp_path):
     ok = load_space(_write(tmp_path, params, base={"train": {"eval_every": 5}, "run": {"checkpoint_every": 10}}))
     check_metric_cadence(ok)
     bad = load_space(_write(tmp_path, params, base={"train": {"eval_every": 4}, "run": {"checkpoint_every": 10}}))
-    with pytest.raises(ConfigError, match=r"base.run.checkpoint_every \(10\) must be a multiple of "
-                                          r"base.train.eval_every \(4\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"base.run.checkpoint_every \(10\) must be a multiple of "
+        r"base.train.eval_every \(4\)",
+    ):
         check_metric_cadence(bad)
-    off = load_space(_write(tmp_path, params, base={"train": {"eval_every": 5, "eval_loss": False},
-                                                    "run": {"checkpoint_every": 10}}))
+    off = load_space(
+        _write(tmp_path, params, base={"train": {"eval_every": 5, "eval_loss": False}, "run": {"checkpoint_every": 10}})
+    )
     with pytest.raises(ConfigError, match=r"set base.train.eval_loss to true"):
         check_metric_cadence(off)
 
@@ -150,17 +165,30 @@ def test_trial_resources_add_the_learner_serve_replicas_and_trial_actor():
 def test_pbt_searches_only_what_a_restart_can_change(tmp_path):
     pbt = {"scheduler": {"type": "pbt"}}
     with pytest.raises(ConfigError, match=r"pbt can only change optim.lr, optim.weight_decay.*micro_batch_size"):
-        load_space(_write(tmp_path, {"optim.lr": {"uniform": [1e-4, 1e-3]},
-                                     "optim.micro_batch_size": {"choice": [4, 8]}}, **pbt))
-    with pytest.raises(ConfigError, match=r"pbt runs sft and distill \(offline_kd\) sweeps.*hyperband for grpo"):
-        load_space(_write(tmp_path, {"optim.lr": {"uniform": [1e-4, 1e-3]}}, **{**pbt, "pipeline": "grpo",
-                                                                                  "metric": "reward_mean"}))
+        load_space(
+            _write(
+                tmp_path, {"optim.lr": {"uniform": [1e-4, 1e-3]}, "optim.micro_batch_size": {"choice": [4, 8]}}, **pbt
+            )
+        )
+    with pytest.raises(
+        ConfigError, match=r"pbt runs pipelines whose trials resume .*\(distill, sft\).*hyperband for grpo"
+    ):
+        load_space(
+            _write(
+                tmp_path,
+                {"optim.lr": {"uniform": [1e-4, 1e-3]}},
+                **{**pbt, "pipeline": "grpo", "metric": "reward_mean"},
+            )
+        )
 
 
 def test_pbt_distills_offline_kd_and_may_perturb_its_kd_parameters(tmp_path):
     pbt = {"scheduler": {"type": "pbt"}, "pipeline": "distill"}
-    kd = {"distill.beta": {"uniform": [0.1, 0.9]}, "distill.kd_weight": {"uniform": [0.3, 1.0]},
-          "optim.lr": {"loguniform": [1e-4, 1e-2]}}
+    kd = {
+        "distill.beta": {"uniform": [0.1, 0.9]},
+        "distill.kd_weight": {"uniform": [0.3, 1.0]},
+        "optim.lr": {"loguniform": [1e-4, 1e-2]},
+    }
     assert set(load_space(_write(tmp_path, kd, **pbt)).params) == set(kd)
     with pytest.raises(ConfigError, match="pbt distills in mode offline_kd only.*on_policy"):
         load_space(_write(tmp_path, kd, base={"distill": {"mode": "on_policy"}}, **pbt))
@@ -173,8 +201,13 @@ def test_pbt_mutations_are_the_space_params(tmp_path):
 
     from raypost.tune.sweep import scheduler
 
-    space = load_space(_write(tmp_path, {"optim.lr": {"loguniform": [1e-4, 1e-2]}},
-                              scheduler={"type": "pbt", "perturbation_interval": 3, "quantile_fraction": 0.5}))
+    space = load_space(
+        _write(
+            tmp_path,
+            {"optim.lr": {"loguniform": [1e-4, 1e-2]}},
+            scheduler={"type": "pbt", "perturbation_interval": 3, "quantile_fraction": 0.5},
+        )
+    )
     pbt = scheduler(space)
     assert isinstance(pbt, PopulationBasedTraining)
     assert set(pbt._hyperparam_mutations) == {"optim.lr"}

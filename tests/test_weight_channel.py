@@ -54,8 +54,12 @@ def test_buckets_hold_whole_tensors_up_to_the_bucket_size():
     from raypost.serve.collective import buckets_of
 
     # (name, dtype, shape, offset, bytes) as channel.pack lays them out
-    meta = [("a", "float32", [4], 0, 16), ("b", "float32", [4], 16, 16), ("c", "float32", [16], 32, 64),
-            ("d", "float32", [2], 96, 8)]
+    meta = [
+        ("a", "float32", [4], 0, 16),
+        ("b", "float32", [4], 16, 16),
+        ("c", "float32", [16], 32, 64),
+        ("d", "float32", [2], 96, 8),
+    ]
     assert buckets_of(meta, 32) == [(0, 32), (32, 96), (96, 104)]  # c alone: larger than a bucket
     assert buckets_of(meta, 1000) == [(0, 104)]
     assert buckets_of([], 32) == []
@@ -71,8 +75,11 @@ def test_collective_channel_streams_the_newest_version_in_buckets(ray_cluster):
     try:
         assert asyncio.run(replica.fetch(0)) == (0, None)
         for version in (1, 2):
-            state = {"embed": torch.randn(300, 1024, generator=g), "norm": torch.randn(8, generator=g),
-                     "half": torch.randn(64, 64, generator=g).to(torch.bfloat16)}
+            state = {
+                "embed": torch.randn(300, 1024, generator=g),
+                "norm": torch.randn(8, generator=g),
+                "half": torch.randn(64, 64, generator=g).to(torch.bfloat16),
+            }
             learner.publish(version, state)
         assert asyncio.run(replica.newer_than(0)) and not asyncio.run(replica.newer_than(2))
         version, source = asyncio.run(replica.fetch(0))
@@ -100,8 +107,9 @@ def test_a_receiver_that_never_joins_fails_only_its_own_transfer():
         state = {"w": torch.arange(6.0)}
         server.offer(7, specs_of(state), [state])
         request(server.address, workers=1)  # its worker never joins: the server gives up after 2 s
-        import torch.distributed as dist
         from datetime import timedelta
+
+        import torch.distributed as dist
 
         store = dist.TCPStore("127.0.0.1", server.address["port"], is_master=False, timeout=timedelta(seconds=5))
         store.add("ticket", 1)  # a ticket taken by a replica that died before filing it: skipped
@@ -147,12 +155,17 @@ def test_a_streamed_file_is_the_safetensors_file_of_its_buckets_or_nothing(tmp_p
     from raypost.serve import weights
 
     g = torch.Generator().manual_seed(0)
-    state = {"a": torch.randn(3, 4, generator=g), "half": torch.randn(5, generator=g).to(torch.bfloat16),
-             "step": torch.tensor(3), "empty": torch.zeros(0, 2)}
+    state = {
+        "a": torch.randn(3, 4, generator=g),
+        "half": torch.randn(5, generator=g).to(torch.bfloat16),
+        "step": torch.tensor(3),
+        "empty": torch.zeros(0, 2),
+    }
     specs = weights.specs_of(state)
     files = weights.VersionFiles(tmp_path)
-    path = files.write(1, specs, [{"a": state["a"]}, {"half": state["half"], "step": state["step"]},
-                                  {"empty": state["empty"]}])
+    path = files.write(
+        1, specs, [{"a": state["a"]}, {"half": state["half"], "step": state["step"]}, {"empty": state["empty"]}]
+    )
     with safe_open(str(path), "pt") as f:  # what the replica's engine workers read
         assert list(f.keys()) == sorted(state)
         for k, v in state.items():
@@ -191,9 +204,8 @@ def test_an_old_version_file_is_rewritten_in_place_only_when_no_reader_holds_it(
     assert load_file(str(path4))["w"].shape == (128, 64) and load_file(str(path4))["w"].eq(4).all()
     # A file taken for a newer version is not read as its old one: the reader is told it is gone.
     files.publish(5, state(5))  # takes version 3's file
-    with pytest.raises(FileNotFoundError):
-        with weights.reading(path3):
-            pass
+    with pytest.raises(FileNotFoundError), weights.reading(path3):
+        pass
     from raypost.serve.vllm_ext import _tensors  # the engine worker's reader holds the file as it reads
 
     assert {k: v.eq(5).all().item() for k, v in _tensors(str(tmp_path / "v5.safetensors"))} == {"w": True, "h": True}
@@ -261,8 +273,12 @@ def test_object_store_channel_hands_a_version_put_in_buckets_to_the_workers_with
     learner, replica = channel("object_store", wdir), channel("object_store", wdir)
     g = torch.Generator().manual_seed(0)
     # odd sizes and mixed dtypes: every tensor still starts aligned for its dtype
-    state = {"w0": torch.randn(3, generator=g).to(torch.bfloat16), "w1": torch.randn(5, 3, generator=g),
-             "step": torch.tensor([7], dtype=torch.int64), "w2": torch.randn(2, generator=g).to(torch.float16)}
+    state = {
+        "w0": torch.randn(3, generator=g).to(torch.bfloat16),
+        "w1": torch.randn(5, 3, generator=g),
+        "step": torch.tensor([7], dtype=torch.int64),
+        "w2": torch.randn(2, generator=g).to(torch.float16),
+    }
     items = list(state.items())
     try:
         learner.publish_stream(4, specs_of(state), [dict(items[:1]), dict(items[1:])])
@@ -271,8 +287,15 @@ def test_object_store_channel_hands_a_version_put_in_buckets_to_the_workers_with
         assert version == 4 and again == source and source["memfd"]["version"] == 4
         fd = source["memfd"]["fd"]
         assert _memfd_name(fd).startswith("/memfd:raypost-weights")
-        out = subprocess.run([sys.executable, "-c", READ_IN_ANOTHER_PROCESS], input=json.dumps(source["memfd"]),
-                             capture_output=True, text=True, cwd=ROOT, timeout=120, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", READ_IN_ANOTHER_PROCESS],
+            input=json.dumps(source["memfd"]),
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+            check=True,
+        )
         got = json.loads(out.stdout)
         for k, v in state.items():
             assert got[k] == [str(v.dtype), v.float().reshape(-1).tolist()], k
@@ -280,8 +303,15 @@ def test_object_store_channel_hands_a_version_put_in_buckets_to_the_workers_with
         learner.publish_stream(5, specs_of(state), [state])
         version, source = asyncio.run(replica.fetch(4))
         assert version == 5 and source["memfd"]["fd"] == fd and source["memfd"]["version"] == 5
-        out = subprocess.run([sys.executable, "-c", READ_IN_ANOTHER_PROCESS], input=json.dumps(source["memfd"]),
-                             capture_output=True, text=True, cwd=ROOT, timeout=120, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", READ_IN_ANOTHER_PROCESS],
+            input=json.dumps(source["memfd"]),
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=120,
+            check=True,
+        )
         assert json.loads(out.stdout)["w1"] == [str(state["w1"].dtype), state["w1"].reshape(-1).tolist()]
         with pytest.raises(ValueError, match="out of order"):
             learner.publish_stream(6, specs_of(state), [dict(items[1:]), dict(items[:1])])
@@ -300,8 +330,11 @@ def test_a_memfd_version_lays_tensors_out_aligned_and_refuses_bytes_that_do_not_
     specs = [("a", "bfloat16", [3]), ("b", "float32", [2, 2]), ("c", "int64", [])]
     meta, size = layout(specs)
     assert [m[3] for m in meta] == [0, ALIGN, 2 * ALIGN] and [m[4] for m in meta] == [6, 16, 8] and size == 3 * ALIGN
-    state = {"a": torch.tensor([1.5, -2.0, 3.0], dtype=torch.bfloat16), "b": torch.arange(4.0).reshape(2, 2),
-             "c": torch.tensor(9)}
+    state = {
+        "a": torch.tensor([1.5, -2.0, 3.0], dtype=torch.bfloat16),
+        "b": torch.arange(4.0).reshape(2, 2),
+        "c": torch.tensor(9),
+    }
     arrays = [v.reshape(-1).view(torch.uint8).numpy() for v in state.values()]
     shared = SharedWeights()
     try:

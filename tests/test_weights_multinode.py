@@ -26,9 +26,22 @@ def drive(head: LocalHead, model: Path, weights_dir: str, log: Path, transport: 
     """Run the driver; when it asks for node C, add it. Returns its steps by name."""
     steps: dict[str, dict] = {}
     with log.open("w") as err:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "weights_multinode_driver.py"), str(model),
-                                 weights_dir, transport, *(["scale"] if scale else [])], cwd=ROOT, env=head.env(), stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=err, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "tests" / "weights_multinode_driver.py"),
+                str(model),
+                weights_dir,
+                transport,
+                *(["scale"] if scale else []),
+            ],
+            cwd=ROOT,
+            env=head.env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
         try:
             for line in proc.stdout:
                 if not line.startswith("{"):
@@ -53,8 +66,9 @@ def drive(head: LocalHead, model: Path, weights_dir: str, log: Path, transport: 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize(("transport", "scale"), [("object_store", False), ("collective", True)])
-def test_replicas_killed_during_a_push_or_added_on_a_new_node_serve_the_latest_version(tiny_model, tmp_path,
-                                                                                       transport, scale):
+def test_replicas_killed_during_a_push_or_added_on_a_new_node_serve_the_latest_version(
+    tiny_model, tmp_path, transport, scale
+):
     weights_dir = f"/dev/shm/raypost-test-{tmp_path.name}"
     with LocalHead(num_cpus=2) as head:
         node_b = head.add_node(2, {"rollout_node": 2})

@@ -14,10 +14,7 @@ import json
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 REPLICA_CLASS = "ServeReplica:rollout:RolloutServer"
 
@@ -93,21 +90,32 @@ def main(model: str, weights_dir: str, transport: str, scale: bool) -> None:
 
     ray.init()
     serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
-    cfg = RolloutConfig.model_validate({"num_replicas": 3, "cpus_per_replica": 0.5, "max_model_len": 256,
-                                        "weights_dir": weights_dir, "weight_transport": transport,
-                                        "ray_resources": {"rollout_node": 1}})
+    cfg = RolloutConfig.model_validate(
+        {
+            "num_replicas": 3,
+            "cpus_per_replica": 0.5,
+            "max_model_len": 256,
+            "weights_dir": weights_dir,
+            "weight_transport": transport,
+            "ray_resources": {"rollout_node": 1},
+        }
+    )
     greedy = {"temperature": 0.0, "max_tokens": 8}
     prompts = prompts_for(model, 4)
     client = None
     try:
         # Three replicas of one rollout_node each: two fit on node B, the third waits for a node.
-        serve.run_many([RunTarget(build_app(model, cfg), name="rollout", route_prefix=None)],
-                       wait_for_applications_running=False)
+        serve.run_many(
+            [RunTarget(build_app(model, cfg), name="rollout", route_prefix=None)], wait_for_applications_running=False
+        )
         client = RolloutClient("rollout", weights_dir, max_attempts=8, transport=transport)
         client.update_weights(1, perturbed(model, 0.05, seed=1))
         first = wait_running(2)
-        say(step="deployed", versions=[g["version"] for g in client.generate(prompts * 4, 1, greedy)],
-            replica_nodes=sorted(set(first.values())))
+        say(
+            step="deployed",
+            versions=[g["version"] for g in client.generate(prompts * 4, 1, greedy)],
+            replica_nodes=sorted(set(first.values())),
+        )
 
         victim = sorted(first)[0]
         during = killed_during_push(client, model, prompts, victim)
@@ -121,8 +129,12 @@ def main(model: str, weights_dir: str, transport: str, scale: bool) -> None:
         if client is not None:
             client.channel.stop_serving()  # collective: this process served the versions
         channel(transport, weights_dir).close()
-    say(step="done", board_left=any(a["name"] == f"raypost-weights:{weights_dir}"
-                                    for a in ray.util.list_named_actors(all_namespaces=True)))
+    say(
+        step="done",
+        board_left=any(
+            a["name"] == f"raypost-weights:{weights_dir}" for a in ray.util.list_named_actors(all_namespaces=True)
+        ),
+    )
 
 
 def scaled_to_node_c(client: Any, prompts: list[list[int]], node_b: set[str]) -> None:
@@ -141,8 +153,14 @@ def scaled_to_node_c(client: Any, prompts: list[list[int]], node_b: set[str]) ->
             ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
     t0 = time.time()
     versions = [g["version"] for g in client.generate(prompts * 2, 1, greedy)]
-    say(step="scaled", versions=versions, answered_s=time.time() - t0, replica_nodes=sorted(set(scaled.values())),
-        new_nodes=sorted(set(scaled.values()) - node_b), live_after=sorted(set(replica_nodes().values())))
+    say(
+        step="scaled",
+        versions=versions,
+        answered_s=time.time() - t0,
+        replica_nodes=sorted(set(scaled.values())),
+        new_nodes=sorted(set(scaled.values()) - node_b),
+        live_after=sorted(set(replica_nodes().values())),
+    )
 
 
 if __name__ == "__main__":

@@ -64,8 +64,13 @@ def generalized_jsd(student_logp: torch.Tensor, teacher_logp: torch.Tensor, beta
     return beta * _kl(teacher_logp, m) + (1 - beta) * _kl(q, m)
 
 
-def kd_loss(student_logits: torch.Tensor, teacher_ids: torch.Tensor, teacher_logprobs: torch.Tensor,
-            mask: torch.Tensor, p: KDParams) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+def kd_loss(
+    student_logits: torch.Tensor,
+    teacher_ids: torch.Tensor,
+    teacher_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    p: KDParams,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """Summed tau^2 * divergence over masked positions, their count, and metrics.
 
     student_logits [N, V]; teacher_ids [N, k] (long); teacher_logprobs [N, k]; mask [N].
@@ -76,18 +81,30 @@ def kd_loss(student_logits: torch.Tensor, teacher_ids: torch.Tensor, teacher_log
     scaled = student_logits.float() / tau if tau != 1.0 else student_logits.float()
     student_logp = scaled.gather(-1, teacher_ids) - torch.logsumexp(scaled, -1, keepdim=True)
     teacher_logp = torch.log_softmax(teacher_logprobs.float() / tau, -1)
-    per_pos = DIVERGENCES.get_fn(p.divergence)(student_logp, teacher_logp, p.beta) * tau ** 2
+    per_pos = DIVERGENCES.get_fn(p.divergence)(student_logp, teacher_logp, p.beta) * tau**2
     m = mask.float()
     with torch.no_grad():
         n = m.sum().clamp(min=1)
         support = (student_logp.exp().sum(-1) * m).sum() / n
         agree = ((student_logits.argmax(-1) == teacher_ids[:, 0]).float() * m).sum() / n
-    return (per_pos * m).sum(), m.sum(), {"kd": float((per_pos.detach() * m).sum() / n),
-                                          "student_mass_on_topk": float(support), "top1_agreement": float(agree)}
+    return (
+        (per_pos * m).sum(),
+        m.sum(),
+        {
+            "kd": float((per_pos.detach() * m).sum() / n),
+            "student_mass_on_topk": float(support),
+            "top1_agreement": float(agree),
+        },
+    )
 
 
-def on_policy_reverse_kl(logp: torch.Tensor, old_logp: torch.Tensor, teacher_logp: torch.Tensor,
-                         mask: torch.Tensor, norm: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def on_policy_reverse_kl(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    teacher_logp: torch.Tensor,
+    mask: torch.Tensor,
+    norm: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """On-policy distillation with the reverse KL as a dense per-token advantage.
 
     logp [N, T]: sampled tokens under the current student; old_logp [N, T]: under the student

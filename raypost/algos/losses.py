@@ -32,7 +32,7 @@ class BatchCounts:
     tokens: float  # loss-mask tokens, before an off-policy correction drops any
 
     @staticmethod
-    def of(mask: torch.Tensor) -> "BatchCounts":
+    def of(mask: torch.Tensor) -> BatchCounts:
         """The sizes of a batch that is the whole global batch. mask: [B, T]."""
         return BatchCounts(float(mask.shape[0]), float(mask.sum()))
 

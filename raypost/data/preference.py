@@ -56,15 +56,24 @@ def normalize_pair(row: Any, prompt_field: str, chosen_field: str, rejected_fiel
     if texts[chosen_field] == texts[rejected_field]:
         return reject(f"fields '{chosen_field}' and '{rejected_field}' are identical", raw, PAIR_COLUMNS)
     rid = str(row.get("id", "")) or row_id(texts[prompt_field], texts[chosen_field])
-    return {"id": rid, "prompt": texts[prompt_field], "chosen": texts[chosen_field],
-            "rejected": texts[rejected_field], "kind": "given", "reject": "", "raw": ""}
+    return {
+        "id": rid,
+        "prompt": texts[prompt_field],
+        "chosen": texts[chosen_field],
+        "rejected": texts[rejected_field],
+        "kind": "given",
+        "reject": "",
+        "raw": "",
+    }
 
 
 def pair_schema(prompt_field: str, chosen_field: str, rejected_field: str) -> RowSchema:
     from functools import partial
 
-    return RowSchema(PAIR_COLUMNS, partial(normalize_pair, prompt_field=prompt_field, chosen_field=chosen_field,
-                                           rejected_field=rejected_field))
+    return RowSchema(
+        PAIR_COLUMNS,
+        partial(normalize_pair, prompt_field=prompt_field, chosen_field=chosen_field, rejected_field=rejected_field),
+    )
 
 
 def wrong_final(solution: str, answer: str, rng: random.Random) -> str:
@@ -95,8 +104,17 @@ def build_pairs(batch: pd.DataFrame, mismatch_fraction: float, seed: int) -> pd.
             rejected, kind = other, "mismatched"
         else:
             rejected, kind = wrong_final(row["solution"], row["answer"], rng), "wrong_answer"
-        out.append({"id": row["id"], "prompt": row["question"], "chosen": row["solution"], "rejected": rejected,
-                    "kind": kind, "reject": "", "raw": ""})
+        out.append(
+            {
+                "id": row["id"],
+                "prompt": row["question"],
+                "chosen": row["solution"],
+                "rejected": rejected,
+                "kind": kind,
+                "reject": "",
+                "raw": "",
+            }
+        )
     out += [reject(r["reject"], r["raw"], PAIR_COLUMNS) for r in records if r["reject"]]
     return pd.DataFrame(out, columns=PAIR_COLUMNS)
 
@@ -129,5 +147,11 @@ class TokenizePairs:
             longest = max(len(c_ids[i]), len(r_ids[i]))
             if good and longest > self.max_seq_len:
                 rejects[i] = f"too long: {longest} tokens > data.max_seq_len {self.max_seq_len}"
-        return batch.assign(reject=rejects, chosen_ids=c_ids, chosen_types=c_tt, rejected_ids=r_ids,
-                            rejected_types=r_tt, raw=keep_raw(batch, rejects, ["id", "prompt", "chosen", "rejected"]))
+        return batch.assign(
+            reject=rejects,
+            chosen_ids=c_ids,
+            chosen_types=c_tt,
+            rejected_ids=r_ids,
+            rejected_types=r_tt,
+            raw=keep_raw(batch, rejects, ["id", "prompt", "chosen", "rejected"]),
+        )

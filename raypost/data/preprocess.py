@@ -92,8 +92,14 @@ def map_light(ds: ray.data.Dataset, cls: type, **kwargs: Any) -> ray.data.Datase
 
 def tokenize(ds: ray.data.Dataset, tokenizer_path: str, cfg: DataConfig) -> ray.data.Dataset:
     """Add prompt_ids/completion_ids; over-long rows become rejects."""
-    return map_light(ds, Tokenize, tokenizer_path=tokenizer_path, system_prompt=cfg.system_prompt,
-                     prompt_template=cfg.prompt_template, max_seq_len=cfg.max_seq_len).materialize()
+    return map_light(
+        ds,
+        Tokenize,
+        tokenizer_path=tokenizer_path,
+        system_prompt=cfg.system_prompt,
+        prompt_template=cfg.prompt_template,
+        max_seq_len=cfg.max_seq_len,
+    ).materialize()
 
 
 def split_rejects(ds: ray.data.Dataset, split: str, rejects_path: Path) -> tuple[ray.data.Dataset, SplitCounts]:
@@ -107,11 +113,20 @@ def split_rejects(ds: ray.data.Dataset, split: str, rejects_path: Path) -> tuple
             fh.write(json.dumps({"split": split, "reason": row["reject"], "raw": row["raw"]}) + "\n")
     good = ds.filter(expr="reject == ''").drop_columns(["raw", "reject"]).materialize()
     counts.kept = good.count()
-    log.info("data[%s]: read %d, kept %d, rejected %d %s (see %s)", split, counts.read, counts.kept,
-             counts.rejected, dict(counts.reasons) or "", rejects_path)
+    log.info(
+        "data[%s]: read %d, kept %d, rejected %d %s (see %s)",
+        split,
+        counts.read,
+        counts.kept,
+        counts.rejected,
+        dict(counts.reasons) or "",
+        rejects_path,
+    )
     if counts.kept == 0:
-        raise DataError(f"every one of the {counts.read} {split} rows was rejected "
-                        f"({dict(counts.reasons)}); the reasons per row are in {rejects_path}")
+        raise DataError(
+            f"every one of the {counts.read} {split} rows was rejected "
+            f"({dict(counts.reasons)}); the reasons per row are in {rejects_path}"
+        )
     return good, counts
 
 
@@ -127,8 +142,16 @@ def epoch_order(good: ray.data.Dataset, epochs: int, seed: int) -> ray.data.Data
 
 def sft_rows(good: ray.data.Dataset, cfg: DataConfig, epochs: int, seed: int) -> ray.data.Dataset:
     """Training rows for all epochs (``epoch_order``), then examples are packed."""
-    return epoch_order(good, epochs, seed).map_batches(pack_frame, batch_format="pandas", batch_size=256,
-                          fn_kwargs={"max_seq_len": cfg.max_seq_len, "pack": cfg.pack}).materialize()
+    return (
+        epoch_order(good, epochs, seed)
+        .map_batches(
+            pack_frame,
+            batch_format="pandas",
+            batch_size=256,
+            fn_kwargs={"max_seq_len": cfg.max_seq_len, "pack": cfg.pack},
+        )
+        .materialize()
+    )
 
 
 def prompt_order(good: ray.data.Dataset, rows_needed: int, seed: int) -> ray.data.Dataset:

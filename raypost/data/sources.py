@@ -51,7 +51,8 @@ def read_source(cfg: DataConfig, path: str | None, split: str, schema: RowSchema
     if cfg.source == "synthetic":
         rows = synthetic_rows(cfg, split)
         return ray.data.from_items(rows, override_num_blocks=num_blocks(len(rows))).map_batches(
-            _synthetic_frame, batch_format="pandas", fn_kwargs={"schema": qa_schema("question", "answer")})
+            _synthetic_frame, batch_format="pandas", fn_kwargs={"schema": qa_schema("question", "answer")}
+        )
     assert path is not None
     if cfg.source == "jsonl":
         _check_path(path, "path")
@@ -62,18 +63,22 @@ def read_source(cfg: DataConfig, path: str | None, split: str, schema: RowSchema
     import datasets  # HF datasets: a hub id or a local dataset folder/file
 
     hf = datasets.load_dataset(path, name=cfg.hf_config, split=split)
-    return ray.data.from_huggingface(hf).repartition(num_blocks(len(hf))).map_batches(_normalize_frame, batch_format="pandas", fn_kwargs=kw)
+    return (
+        ray.data.from_huggingface(hf)
+        .repartition(num_blocks(len(hf)))
+        .map_batches(_normalize_frame, batch_format="pandas", fn_kwargs=kw)
+    )
 
 
 def synthetic_rows(cfg: DataConfig, split: str) -> list[dict[str, Any]]:
     """The synthetic task's train or eval problems; eval never repeats a train question and has
     no noisy demos. Every row has a ``demo`` key ('' when it has none) so the rows share columns."""
     s = cfg.synthetic
-    train = synthetic.generate(s.num_train, s.seed, s.max_operand, s.two_step_fraction, prefix="train",
-                               guess_fraction=s.guess_fraction)
+    train = synthetic.generate(
+        s.num_train, s.seed, s.max_operand, s.two_step_fraction, prefix="train", guess_fraction=s.guess_fraction
+    )
     if split == "train":
         return [{"demo": "", **r} for r in train]
     seen = {r["question"] for r in train}
     pool = synthetic.generate(s.num_eval * 2, s.seed + 1, s.max_operand, s.two_step_fraction, prefix="eval")
     return [{**r, "demo": ""} for r in pool if r["question"] not in seen][: s.num_eval]
-

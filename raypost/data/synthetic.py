@@ -14,9 +14,27 @@ from __future__ import annotations
 
 import random
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-NAMES = ["Ava", "Ben", "Cara", "Dan", "Eli", "Fay", "Gus", "Hana", "Ivy", "Jon", "Kim", "Leo", "Mia", "Ned", "Ola", "Pia"]
+NAMES = [
+    "Ava",
+    "Ben",
+    "Cara",
+    "Dan",
+    "Eli",
+    "Fay",
+    "Gus",
+    "Hana",
+    "Ivy",
+    "Jon",
+    "Kim",
+    "Leo",
+    "Mia",
+    "Ned",
+    "Ola",
+    "Pia",
+]
 ITEMS = ["apples", "pens", "books", "stickers", "coins", "cards", "shells", "marbles", "eggs", "stamps"]
 
 
@@ -45,8 +63,7 @@ def _two_step(r: random.Random, hi: int) -> tuple[str, list[str], int]:
     a, b = r.randint(1, hi), r.randint(1, hi)
     c = r.randint(1, a + b)
     n, item = r.choice(NAMES), r.choice(ITEMS)
-    q = (f"{n} has {a} {item}. {n} finds {b} more {item}, then gives away {c} {item}. "
-         f"How many {item} does {n} have now?")
+    q = f"{n} has {a} {item}. {n} finds {b} more {item}, then gives away {c} {item}. How many {item} does {n} have now?"
     return q, [f"{a} + {b} = {a + b}", f"{a + b} - {c} = {a + b - c}"], a + b - c
 
 
@@ -66,8 +83,14 @@ def guess(question: str) -> str:
     return f"#### {first.group() if first else 0}"
 
 
-def generate(n: int, seed: int, max_operand: int = 20, two_step_fraction: float = 0.3,
-             prefix: str = "syn", guess_fraction: float = 0.0) -> list[dict[str, Any]]:
+def generate(
+    n: int,
+    seed: int,
+    max_operand: int = 20,
+    two_step_fraction: float = 0.3,
+    prefix: str = "syn",
+    guess_fraction: float = 0.0,
+) -> list[dict[str, Any]]:
     """``n`` problems from ``seed``; rows carry a stable ``id``. A ``guess_fraction`` share of
     rows get a ``demo`` (see the module docstring); the problems themselves do not depend on it."""
     r, noisy = random.Random(seed), random.Random(seed + 7919)

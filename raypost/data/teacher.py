@@ -40,14 +40,17 @@ class TeacherTopK:
 
         rows = batch.to_dict("records")
         inputs = collate(rows, self.pad_id)
-        logits = self.model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"],
-                            position_ids=inputs["position_ids"], use_cache=False).logits
+        logits = self.model(
+            input_ids=inputs["input_ids"],
+            attention_mask=inputs["attention_mask"],
+            position_ids=inputs["position_ids"],
+            use_cache=False,
+        ).logits
         values, ids = torch.log_softmax(logits.float(), -1).topk(self.k, dim=-1)
         out = batch.copy()
         lengths = [len(r["input_ids"]) for r in rows]
         out["teacher_ids"] = [ids[i, :n].reshape(-1).numpy().astype(np.int32) for i, n in enumerate(lengths)]
-        out["teacher_logprobs"] = [values[i, :n].reshape(-1).numpy().astype(np.float32)
-                                   for i, n in enumerate(lengths)]
+        out["teacher_logprobs"] = [values[i, :n].reshape(-1).numpy().astype(np.float32) for i, n in enumerate(lengths)]
         return out
 
 
@@ -70,11 +73,19 @@ class TeacherSignal:
         if self.cache is not None and "rows" in self.cache:
             return self.cache["rows"]
         annotated = rows.map_batches(  # in order: Ray Data keeps block order (configure_ray_data)
-            TeacherTopK, batch_format="pandas", batch_size=self.batch_size, num_cpus=self.cpus,
-            runtime_env=jemalloc_env(), **actor_pool(),
-            fn_constructor_kwargs={"model_path": self.model_path, "top_k": self.top_k,
-                                   "precision": self.precision,
-                                   "threads": max(1, int(self.cpus))}).materialize()
+            TeacherTopK,
+            batch_format="pandas",
+            batch_size=self.batch_size,
+            num_cpus=self.cpus,
+            runtime_env=jemalloc_env(),
+            **actor_pool(),
+            fn_constructor_kwargs={
+                "model_path": self.model_path,
+                "top_k": self.top_k,
+                "precision": self.precision,
+                "threads": max(1, int(self.cpus)),
+            },
+        ).materialize()
         if self.cache is not None:
             self.cache["rows"] = annotated
         return annotated
@@ -85,6 +96,7 @@ def write_topk(rows: ray.data.Dataset, path: Path, top_k: int) -> dict[str, int]
     of each per token) as Parquet into ``path``; return ``{"tokens", "bytes"}`` (on disk)."""
     shutil.rmtree(path, ignore_errors=True)
     rows.select_columns(["teacher_ids", "teacher_logprobs"]).write_parquet(str(path))
-    counts = rows.map_batches(lambda b: pd.DataFrame({"n": [len(x) // top_k for x in b["teacher_ids"]]}),
-                              batch_format="pandas")
+    counts = rows.map_batches(
+        lambda b: pd.DataFrame({"n": [len(x) // top_k for x in b["teacher_ids"]]}), batch_format="pandas"
+    )
     return {"tokens": int(counts.sum("n") or 0), "bytes": sum(f.stat().st_size for f in path.rglob("*.parquet"))}

@@ -24,8 +24,9 @@ def chat_messages(question: str, system_prompt: str | None, template: str = "{qu
 
 def prompt_ids(tokenizer: Any, question: str, system_prompt: str | None, template: str = "{question}") -> list[int]:
     """Token ids of the chat-templated prompt, ending with the assistant header."""
-    text = tokenizer.apply_chat_template(chat_messages(question, system_prompt, template), tokenize=False,
-                                         add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        chat_messages(question, system_prompt, template), tokenize=False, add_generation_prompt=True
+    )
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -46,8 +47,9 @@ class Tokenize:
     lengths and the config field to raise); nothing is dropped here.
     """
 
-    def __init__(self, tokenizer_path: str, system_prompt: str | None, max_seq_len: int,
-                 prompt_template: str = "{question}") -> None:
+    def __init__(
+        self, tokenizer_path: str, system_prompt: str | None, max_seq_len: int, prompt_template: str = "{question}"
+    ) -> None:
         from transformers import AutoTokenizer
 
         from raypost.models.named import resolve
@@ -67,8 +69,10 @@ class Tokenize:
             p = prompt_ids(self.tok, question, self.system_prompt, self.prompt_template)
             c = completion_ids(self.tok, solution)
             if len(p) + len(c) > self.max_seq_len:
-                rejects.append(f"too long: {len(p)} prompt + {len(c)} answer tokens > data.max_seq_len="
-                               f"{self.max_seq_len}; raise data.max_seq_len or shorten the row")
+                rejects.append(
+                    f"too long: {len(p)} prompt + {len(c)} answer tokens > data.max_seq_len="
+                    f"{self.max_seq_len}; raise data.max_seq_len or shorten the row"
+                )
                 prompts.append([]), completions.append([])
                 continue
             prompts.append(p), completions.append(c), rejects.append("")
@@ -84,5 +88,7 @@ def keep_raw(batch: pd.DataFrame, rejects: list[str], columns: list[str]) -> lis
     import json
 
     raws = batch["raw"].tolist()
-    return [raw if raw or not rej else json.dumps({c: batch[c].iat[i] for c in columns})
-            for i, (raw, rej) in enumerate(zip(raws, rejects))]
+    return [
+        raw if raw or not rej else json.dumps({c: batch[c].iat[i] for c in columns})
+        for i, (raw, rej) in enumerate(zip(raws, rejects))
+    ]

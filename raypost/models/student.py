@@ -24,8 +24,10 @@ def _decoder_layers(model: Any) -> Any:
     """The ``nn.ModuleList`` of decoder layers of a Llama/Qwen2/Mistral-style causal LM."""
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
-        raise ValueError(f"cannot prune a {type(model).__name__}: it has no model.layers list of decoder layers "
-                         f"(Llama, Qwen2, Mistral style); use student.init config")
+        raise ValueError(
+            f"cannot prune a {type(model).__name__}: it has no model.layers list of decoder layers "
+            f"(Llama, Qwen2, Mistral style); use student.init config"
+        )
     return layers
 
 
@@ -73,8 +75,10 @@ def kept_layers(num_layers: int, keep_every: int, keep: list[int] | None = None)
     if keep is None:
         return list(range(0, num_layers, keep_every))
     if max(keep) >= num_layers:
-        raise ValueError(f"student.keep_layers names layer {max(keep)}, but the teacher has {num_layers} layers "
-                         f"(0..{num_layers - 1})")
+        raise ValueError(
+            f"student.keep_layers names layer {max(keep)}, but the teacher has {num_layers} layers "
+            f"(0..{num_layers - 1})"
+        )
     return list(keep)
 
 
@@ -90,8 +94,10 @@ def pruned(teacher_path: str, keep_every: int, out_dir: str | Path, keep: list[i
     layers = _decoder_layers(model)
     keep = kept_layers(len(layers), keep_every, keep)
     if len(keep) == len(layers):
-        raise ValueError(f"the pruned student keeps all {len(layers)} layers of the teacher; raise "
-                         f"student.keep_every (2 or more) or list fewer student.keep_layers")
+        raise ValueError(
+            f"the pruned student keeps all {len(layers)} layers of the teacher; raise "
+            f"student.keep_every (2 or more) or list fewer student.keep_layers"
+        )
     # Saved and loaded back (layers renumbered by their place in the list) before any use.
     model.model.layers = torch.nn.ModuleList([layers[i] for i in keep])
     model.config.num_hidden_layers = len(keep)
@@ -105,6 +111,11 @@ def describe(model_path: str | Path) -> dict[str, int]:
     from transformers import AutoConfig
 
     c = AutoConfig.from_pretrained(resolve(str(model_path)))
-    return {"hidden_size": c.hidden_size, "num_layers": c.num_hidden_layers, "num_heads": c.num_attention_heads,
-            "num_kv_heads": getattr(c, "num_key_value_heads", c.num_attention_heads),
-            "intermediate_size": c.intermediate_size, "vocab_size": c.vocab_size}
+    return {
+        "hidden_size": c.hidden_size,
+        "num_layers": c.num_hidden_layers,
+        "num_heads": c.num_attention_heads,
+        "num_kv_heads": getattr(c, "num_key_value_heads", c.num_attention_heads),
+        "intermediate_size": c.intermediate_size,
+        "vocab_size": c.vocab_size,
+    }

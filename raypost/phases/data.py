@@ -25,13 +25,15 @@ class PreparedData:
     counts: dict[str, Any] = field(default_factory=dict)
 
     def eval_rows(self, limit: int) -> list[dict[str, Any]]:
-        return [{"id": r["id"], "prompt_ids": list(r["prompt_ids"]), "answer": r["answer"]}
-                for r in self.eval.take(limit)]
+        return [
+            {"id": r["id"], "prompt_ids": list(r["prompt_ids"]), "answer": r["answer"]} for r in self.eval.take(limit)
+        ]
 
 
-def start_run(cfg: Any) -> Path:
+def start_run(cfg: Any, verbose: bool = True) -> Path:
     """Driver start of any pipeline: logging, Ray (joined or local), the run folder with the
-    validated config written into it. ``cfg`` has a ``run`` section."""
+    validated config written into it. ``cfg`` has a ``run`` section. Not ``verbose``: Ray,
+    Serve and vLLM lines go to ``<run>/logs.txt``, raypost's progress lines to the terminal."""
     from raypost.config import dump_yaml
     from raypost.train.trainer import run_dir as make_run_dir
     from raypost.utils import storage
@@ -42,6 +44,10 @@ def start_run(cfg: Any) -> Path:
     init_ray(cfg.run.ray_address)
     run_dir = make_run_dir(cfg.run)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if not verbose:
+        from raypost.utils.logs import quiet
+
+        log.info("run folder %s; library logs in %s (--verbose shows them here)", run_dir, quiet(run_dir))
     fetched = storage.pull(run_dir)  # a run stored at a URI resumes from what it holds, on any machine
     if fetched:
         log.info("fetched %d files of %s from %s into %s", fetched, cfg.run.name, cfg.run.storage_path, run_dir)
@@ -72,6 +78,8 @@ def prepare(data_cfg: DataConfig, model_cfg: ModelConfig, run_dir: Path) -> tupl
     model_path = base_model(model_cfg, train_rows, run_dir)
     rejects = run_dir / "rejects.jsonl"
     rejects.unlink(missing_ok=True)
-    train, train_counts = preprocess.split_rejects(preprocess.tokenize(train_rows, model_path, data_cfg), "train", rejects)
+    train, train_counts = preprocess.split_rejects(
+        preprocess.tokenize(train_rows, model_path, data_cfg), "train", rejects
+    )
     evals, eval_counts = preprocess.split_rejects(preprocess.tokenize(eval_rows, model_path, data_cfg), "eval", rejects)
     return model_path, PreparedData(train, evals, {"train": train_counts.as_dict(), "eval": eval_counts.as_dict()})

@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from raypost.algos.distill import KDParams
 from raypost.algos.registry import Registry
@@ -52,9 +53,16 @@ def once(marker: Path, make: Callable[[], SFTResult]) -> Phase:
 
 def student_sft(cfg: DistillConfig, out: Path) -> SFTConfig:
     """The SFT learner's config for a student run stored in the folder ``out``."""
-    return SFTConfig(model=cfg.model, data=cfg.data, optim=cfg.optim, deepspeed=cfg.deepspeed,
-                     resources=cfg.resources, eval=cfg.eval, train=cfg.train,
-                     run=cfg.run.model_copy(update={"name": out.name, "storage_path": str(out.parent)}))
+    return SFTConfig(
+        model=cfg.model,
+        data=cfg.data,
+        optim=cfg.optim,
+        deepspeed=cfg.deepspeed,
+        resources=cfg.resources,
+        eval=cfg.eval,
+        train=cfg.train,
+        run=cfg.run.model_copy(update={"name": out.name, "storage_path": str(out.parent)}),
+    )
 
 
 def teacher(cfg: DistillConfig, base_path: str, data: PreparedData, run_dir: Path) -> Phase:
@@ -65,9 +73,16 @@ def teacher(cfg: DistillConfig, base_path: str, data: PreparedData, run_dir: Pat
     if t.path is not None and not t.finetune:
         return Phase(t.path, 0.0)
     model = ModelConfig(tiny=t.tiny) if t.path is None else ModelConfig(path=t.path)
-    sft_cfg = SFTConfig(model=model, data=t.data or cfg.data, optim=cfg.teacher.optim,
-                        deepspeed=cfg.deepspeed, resources=cfg.resources, eval=cfg.eval, train=cfg.teacher.train,
-                        run=cfg.run.model_copy(update={"name": "teacher", "storage_path": str(run_dir)}))
+    sft_cfg = SFTConfig(
+        model=model,
+        data=t.data or cfg.data,
+        optim=cfg.teacher.optim,
+        deepspeed=cfg.deepspeed,
+        resources=cfg.resources,
+        eval=cfg.eval,
+        train=cfg.teacher.train,
+        run=cfg.run.model_copy(update={"name": "teacher", "storage_path": str(run_dir)}),
+    )
 
     def make() -> SFTResult:
         own = data
@@ -87,10 +102,12 @@ def same_tokenizer(teacher_path: str, student_path: str) -> None:
     tv, sv = t.get_vocab(), s.get_vocab()
     if tv != sv or t.eos_token_id != s.eos_token_id:
         differ = sum(1 for k, v in tv.items() if sv.get(k) != v)
-        raise ValueError(f"the teacher ({teacher_path}) and student ({student_path}) tokenizers differ: "
-                         f"{len(tv)} vs {len(sv)} tokens, {differ} teacher tokens with another id or none, eos "
-                         f"{t.eos_token_id} vs {s.eos_token_id}. Distillation needs one tokenizer: pick a student "
-                         f"of the teacher's family (e.g. Qwen2.5-0.5B for a Qwen2.5-7B teacher)")
+        raise ValueError(
+            f"the teacher ({teacher_path}) and student ({student_path}) tokenizers differ: "
+            f"{len(tv)} vs {len(sv)} tokens, {differ} teacher tokens with another id or none, eos "
+            f"{t.eos_token_id} vs {s.eos_token_id}. Distillation needs one tokenizer: pick a student "
+            f"of the teacher's family (e.g. Qwen2.5-0.5B for a Qwen2.5-7B teacher)"
+        )
 
 
 def student_base(cfg: DistillConfig, teacher_path: str, run_dir: Path) -> str:
@@ -111,11 +128,15 @@ def student_info(cfg: DistillConfig, teacher_path: str, student_path: str) -> di
     """The student's and teacher's shapes (and a pruned student's kept layers), for the report."""
     from raypost.models import student
 
-    info: dict[str, Any] = {"init": "path" if cfg.model.path else cfg.student.init,
-                            "student": student.describe(student_path), "teacher": student.describe(teacher_path)}
+    info: dict[str, Any] = {
+        "init": "path" if cfg.model.path else cfg.student.init,
+        "student": student.describe(student_path),
+        "teacher": student.describe(teacher_path),
+    }
     if info["init"] == "prune":
-        info["kept_layers"] = student.kept_layers(info["teacher"]["num_layers"], cfg.student.keep_every,
-                                                  cfg.student.keep_layers)
+        info["kept_layers"] = student.kept_layers(
+            info["teacher"]["num_layers"], cfg.student.keep_every, cfg.student.keep_layers
+        )
     return info
 
 
@@ -129,7 +150,11 @@ def check_placement(cfg: DistillConfig) -> None:
     worker = worker_resources(cfg.resources)
     check_one_node(worker, "learner worker (resources.cpus_per_worker, gpus_per_worker, ray_resources)")
     if cfg.distill.mode in ("on_policy", "seq_kd"):
-        replica = {"CPU": cfg.rollout.cpus_per_replica, "GPU": cfg.rollout.gpus_per_replica, **cfg.rollout.ray_resources}
+        replica = {
+            "CPU": cfg.rollout.cpus_per_replica,
+            "GPU": cfg.rollout.gpus_per_replica,
+            **cfg.rollout.ray_resources,
+        }
         check_one_node(replica, "rollout replica (rollout.cpus_per_replica, gpus_per_replica, ray_resources)")
     if cfg.distill.mode == "on_policy":
         check_weight_path(cfg.rollout, worker, replica)
@@ -160,7 +185,7 @@ def num_params(model_path: str) -> int:
     total = 0
     for f in Path(resolve(model_path)).glob("*.safetensors"):
         with safe_open(str(f), "pt") as fh:
-            for key in fh.keys():
+            for key in fh:
                 n = 1
                 for d in fh.get_slice(key).get_shape():
                     n *= d
@@ -171,21 +196,20 @@ def num_params(model_path: str) -> int:
 def kd_signal(cfg: DistillConfig, teacher_path: str, cache: dict[str, Any] | None = None) -> TeacherSignal:
     """Offline KD's teacher pass settings and the loss's KD parameters (``cache``: see TeacherSignal)."""
     d = cfg.distill
-    kd = KDParams(divergence=d.divergence, beta=d.beta, temperature=d.temperature, kd_weight=d.kd_weight,
-                  positions=d.kd_positions)
+    kd = KDParams(
+        divergence=d.divergence, beta=d.beta, temperature=d.temperature, kd_weight=d.kd_weight, positions=d.kd_positions
+    )
     return TeacherSignal(teacher_path, d.top_k, asdict(kd), cfg.deepspeed.precision, d.teacher_cpus, cache=cache)
 
 
 @MODES.register("offline_kd")
-def offline_kd(cfg: DistillConfig, teacher_path: str, student_path: str, data: PreparedData,
-               out: Path) -> SFTResult:
+def offline_kd(cfg: DistillConfig, teacher_path: str, student_path: str, data: PreparedData, out: Path) -> SFTResult:
     """The student fits the teacher's top-k log-probs, stored once by a Ray Data pass."""
     return run_sft(student_sft(cfg, out), student_path, data, out, teacher=kd_signal(cfg, teacher_path))
 
 
 @MODES.register("seq_kd")
-def seq_kd(cfg: DistillConfig, teacher_path: str, student_path: str, data: PreparedData,
-           out: Path) -> SFTResult:
+def seq_kd(cfg: DistillConfig, teacher_path: str, student_path: str, data: PreparedData, out: Path) -> SFTResult:
     """The student is SFT-trained on the teacher's completions, generated through Serve."""
     from raypost.phases.teacher_gen import teacher_completions
 
@@ -193,16 +217,16 @@ def seq_kd(cfg: DistillConfig, teacher_path: str, student_path: str, data: Prepa
     train, counts = teacher_completions(cfg, teacher_path, data.train, out)
     sft_cfg = student_sft(cfg, out)
     if cfg.distill.seq_kd_epochs is not None:
-        sft_cfg = sft_cfg.model_copy(update={"train": sft_cfg.train.model_copy(
-            update={"epochs": cfg.distill.seq_kd_epochs})})
+        sft_cfg = sft_cfg.model_copy(
+            update={"train": sft_cfg.train.model_copy(update={"epochs": cfg.distill.seq_kd_epochs})}
+        )
     result = run_sft(sft_cfg, student_path, PreparedData(train, data.eval, data.counts), out)
     result.metrics["mode_info"] = {"seq_kd": counts}
     return result
 
 
 @MODES.register("on_policy")
-def on_policy(cfg: DistillConfig, teacher_path: str, student_path: str, data: PreparedData,
-              out: Path) -> SFTResult:
+def on_policy(cfg: DistillConfig, teacher_path: str, student_path: str, data: PreparedData, out: Path) -> SFTResult:
     """The student samples on a Serve replica; a teacher replica scores its tokens. With
     distill.warm_start it starts from the baseline (trained once, next to ``out``)."""
     from raypost.phases.onpolicy import run_on_policy
@@ -212,8 +236,7 @@ def on_policy(cfg: DistillConfig, teacher_path: str, student_path: str, data: Pr
     return run_on_policy(cfg, teacher_path, student_path, data, out)
 
 
-def distill(cfg: DistillConfig, teacher_path: str, student_path: str, data: PreparedData,
-            run_dir: Path) -> Phase:
+def distill(cfg: DistillConfig, teacher_path: str, student_path: str, data: PreparedData, run_dir: Path) -> Phase:
     make = lambda: MODES.get_fn(cfg.distill.mode)(cfg, teacher_path, student_path, data, run_dir / "student")  # noqa: E731
     return once(run_dir / "student_done.json", make)
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,8 @@ from raypost.config.grpo import GRPOConfig
 from raypost.data import preprocess
 from raypost.phases.data import PreparedData
 from raypost.phases.sft import run_sft
+from raypost.serve import apps as serve_apps
+from raypost.serve.apps import App
 from raypost.serve.channel import WeightChannel, check_weight_path, rollout_channel
 from raypost.train import checkpointing
 from raypost.train.grpo_loop import grpo_loop
@@ -20,6 +24,7 @@ from raypost.train.trainer import fit, learner_request, worker_resources
 from raypost.utils.cluster import check_one_node, check_resources
 
 log = logging.getLogger("raypost")
+ROLLOUT_APP, REWARD_APP = "rollout", "reward"  # grpo_loop finds them by these names
 COLOCATED_CPUS = 0.01  # colocated: Serve replicas reserve a token share and take turns with the learner
 
 
@@ -30,10 +35,18 @@ def warmup(cfg: GRPOConfig, model_path: str, data: PreparedData, run_dir: Path) 
         return json.loads(marker.read_text())["model_path"], 0.0
     if not cfg.warmup.enabled:
         return model_path, 0.0
-    sft_cfg = SFTConfig(model=cfg.model, data=cfg.data, optim=cfg.warmup.optim, deepspeed=cfg.deepspeed,
-                        resources=cfg.resources, eval=cfg.eval, train=cfg.warmup.train,
-                        run=cfg.run.model_copy(update={"name": "warmup", "storage_path": str(run_dir),
-                                                       "checkpoint_every": 10**6, "log_every": 20}))
+    sft_cfg = SFTConfig(
+        model=cfg.model,
+        data=cfg.data,
+        optim=cfg.warmup.optim,
+        deepspeed=cfg.deepspeed,
+        resources=cfg.resources,
+        eval=cfg.eval,
+        train=cfg.warmup.train,
+        run=cfg.run.model_copy(
+            update={"name": "warmup", "storage_path": str(run_dir), "checkpoint_every": 10**6, "log_every": 20}
+        ),
+    )
     result = run_sft(sft_cfg, model_path, data, run_dir / "warmup")
     marker.write_text(json.dumps({"model_path": result.model_path, "wall_s": result.wall_s}))
     return result.model_path, result.wall_s
@@ -50,11 +63,14 @@ def placement_requests(cfg: GRPOConfig) -> dict[str, dict[str, float]]:
     rollout_cpus, reward_cpus = serve_resources(cfg)
     return {
         "resources (learner)": learner_request(cfg.resources),
-        "rollout (vLLM replicas)": {k: v * cfg.rollout.max_replicas for k, v in
-                                    {"CPU": rollout_cpus, "GPU": cfg.rollout.gpus_per_replica,
-                                     **cfg.rollout.ray_resources}.items()},
-        "reward (replicas)": {k: v * (cfg.reward.autoscale_max_replicas or cfg.reward.num_replicas) for k, v in
-                              {"CPU": reward_cpus, **cfg.reward.ray_resources}.items()},
+        "rollout (vLLM replicas)": {
+            k: v * cfg.rollout.max_replicas
+            for k, v in {"CPU": rollout_cpus, "GPU": cfg.rollout.gpus_per_replica, **cfg.rollout.ray_resources}.items()
+        },
+        "reward (replicas)": {
+            k: v * (cfg.reward.autoscale_max_replicas or cfg.reward.num_replicas)
+            for k, v in {"CPU": reward_cpus, **cfg.reward.ray_resources}.items()
+        },
     }
 
 
@@ -69,24 +85,32 @@ def check_placement(cfg: GRPOConfig) -> None:
     check_weight_path(cfg.rollout, worker, replica)
 
 
-def deploy(cfg: GRPOConfig, model_path: str, weights_dir: str) -> None:
-    """Start Serve (127.0.0.1 unless configured) with the rollout and reward apps."""
-    from ray import serve
-
-    from raypost.serve.reward_app import build_app as reward_app
-    from raypost.serve.rollout_app import build_app as rollout_app
-
+def apps(cfg: GRPOConfig, model_path: str) -> list[App]:
+    """The job's Serve apps: "rollout" (vLLM replicas serving the pushed weights) and "reward"."""
     rollout_cpus, reward_cpus = serve_resources(cfg)
-    serve.start(http_options={"host": cfg.reward.host, "port": cfg.reward.port})
-    if "rollout" in serve.status().applications:
-        # Left by an earlier job on this cluster that did not finish (Serve apps outlive jobs): fresh
-        # replicas start from the warm-up model, and the learner republishes the version it restores.
-        serve.delete("rollout")
-    serve.run(rollout_app(model_path, cfg.rollout.model_copy(update={"weights_dir": weights_dir,
-                                                                     "cpus_per_replica": rollout_cpus})),
-              name="rollout", route_prefix="/rollout")
-    serve.run(reward_app(cfg.reward.model_copy(update={"cpus_per_replica": reward_cpus})),
-              name="reward", route_prefix="/reward")
+    rollout_cfg = cfg.rollout.model_copy(update={"weights_dir": weights_dir_for(cfg), "cpus_per_replica": rollout_cpus})
+    reward_cfg = cfg.reward.model_copy(update={"cpus_per_replica": reward_cpus})
+
+    def reward() -> Any:
+        from raypost.serve.reward_app import build_app
+
+        return build_app(reward_cfg)
+
+    return [serve_apps.rollout(ROLLOUT_APP, model_path, rollout_cfg, "/rollout"), App(REWARD_APP, reward, "/reward")]
+
+
+@contextlib.contextmanager
+def served(cfg: GRPOConfig, model_path: str) -> Iterator[None]:
+    """The job's Serve apps on ``model_path`` for the block; afterwards the apps (whose replicas
+    would otherwise keep holding their CPUs/GPUs) and the pushed weights are removed, also on
+    error. Pushed versions of an earlier job are dropped first: fresh replicas start from
+    ``model_path`` and the learner republishes its restored version when it starts. The final
+    model is in the last checkpoint."""
+    weight_channel(cfg).close()
+    with serve_apps.deployed(
+        apps(cfg, model_path), cfg.reward.host, cfg.reward.port, cleanup=weight_channel(cfg).close
+    ):
+        yield
 
 
 def weights_dir_for(cfg: GRPOConfig) -> str:
@@ -100,10 +124,20 @@ def train(cfg: GRPOConfig, model_path: str, data: PreparedData, run_dir: Path) -
     need = (cfg.algo.steps * (1 + refill) + cfg.async_rl.eta + 1) * cfg.algo.prompts_per_step
     prompts = preprocess.prompt_order(data.train, need, cfg.run.seed)
     t0 = time.time()
-    result = fit(grpo_loop, {"cfg": cfg.model_dump(mode="json"), "model_path": model_path, "run_dir": str(run_dir),
-                             "weights_dir": weights_dir_for(cfg), "grad_accum": cfg.grad_accum},
-                 cfg.resources, cfg.run.model_copy(update={"storage_path": str(run_dir)}), {"prompts": prompts},
-                 name="grpo")
+    result = fit(
+        grpo_loop,
+        {
+            "cfg": cfg.model_dump(mode="json"),
+            "model_path": model_path,
+            "run_dir": str(run_dir),
+            "weights_dir": weights_dir_for(cfg),
+            "grad_accum": cfg.grad_accum,
+        },
+        cfg.resources,
+        cfg.run.model_copy(update={"storage_path": str(run_dir)}),
+        {"prompts": prompts},
+        name="grpo",
+    )
     if result.error is not None:
         raise result.error
     return str(Path(result.checkpoint.path) / checkpointing.HF_DIR), time.time() - t0, dict(result.metrics or {})
@@ -116,33 +150,15 @@ def evaluate(cfg: GRPOConfig, data: PreparedData, version: int | None = None) ->
     from raypost.eval import rollout_accuracy
     from raypost.serve.rollout_client import RolloutClient
 
-    client = RolloutClient("rollout", weights_dir_for(cfg), cfg.rollout.max_attempts, chunk=16,
-                           transport=cfg.rollout.weight_transport)
+    client = RolloutClient(
+        ROLLOUT_APP, weights_dir_for(cfg), cfg.rollout.max_attempts, chunk=16, transport=cfg.rollout.weight_transport
+    )
     if version is not None:
         asyncio.run(client.await_version(version))
-    return rollout_accuracy(client, data.eval_rows(cfg.data.max_eval_samples), cfg.eval.max_new_tokens,
-                            extract=cfg.eval.extract)
+    return rollout_accuracy(
+        client, data.eval_rows(cfg.data.max_eval_samples), cfg.eval.max_new_tokens, extract=cfg.eval.extract
+    )
 
 
 def weight_channel(cfg: GRPOConfig) -> WeightChannel:
     return rollout_channel(cfg.rollout, weights_dir_for(cfg))
-
-
-def reset_weights(cfg: GRPOConfig) -> None:
-    """Drop pushed versions of an earlier job: fresh replicas start from the warm-up model and
-    the learner republishes its restored version when it starts."""
-    weight_channel(cfg).close()
-
-
-def teardown(cfg: GRPOConfig) -> None:
-    """After the run: delete the job's Serve apps, whose replicas would otherwise keep holding
-    their CPUs/GPUs on the cluster, and the pushed weights (its weight channel's). The final model
-    is in the last checkpoint."""
-    from ray import serve
-
-    for app in ("rollout", "reward"):
-        try:
-            serve.delete(app)
-        except Exception as err:  # noqa: BLE001 - cleanup after a failure must not hide that failure
-            log.warning("could not delete the Serve app %r: %s", app, err)
-    weight_channel(cfg).close()

@@ -10,6 +10,7 @@ from raypost.config.distill import DistillConfig
 from raypost.data import preprocess
 from raypost.phases.data import PreparedData
 from raypost.phases.sft import SFTResult
+from raypost.serve.apps import App, deployed, rollout
 from raypost.serve.channel import rollout_channel
 from raypost.train import checkpointing
 from raypost.train.onpolicy_loop import onpolicy_loop
@@ -18,45 +19,46 @@ from raypost.train.trainer import fit
 STUDENT_APP, TEACHER_APP = "distill-student", "distill-teacher"
 
 
-def _deploy(cfg: DistillConfig, teacher_path: str, student_path: str, weights_dir: Path) -> None:
+def _apps(cfg: DistillConfig, teacher_path: str, student_path: str, weights_dir: Path) -> list[App]:
     """The student replica serves pushed versions from ``weights_dir``; the teacher's stays as loaded."""
-    from ray import serve
-    from ray.serve.api import RunTarget
-
-    from raypost.serve.rollout_app import build_app
-
     teacher_weights = weights_dir.with_name(weights_dir.name + "-teacher")  # never written: teacher stays fixed
-    serve.start(http_options={"host": "127.0.0.1"})  # a no-op if Serve runs (see phases.teacher_gen)
-    apps = [(STUDENT_APP, student_path, weights_dir), (TEACHER_APP, teacher_path, teacher_weights)]
-    serve.run_many([RunTarget(build_app(path, cfg.rollout.model_copy(update={"weights_dir": str(wdir)})),
-                              name=name, route_prefix=None) for name, path, wdir in apps])  # both start at once
+    return [
+        rollout(name, path, cfg.rollout.model_copy(update={"weights_dir": str(wdir)}))
+        for name, path, wdir in [(STUDENT_APP, student_path, weights_dir), (TEACHER_APP, teacher_path, teacher_weights)]
+    ]
 
 
-def run_on_policy(cfg: DistillConfig, teacher_path: str, student_path: str, data: PreparedData,
-                  out: Path) -> SFTResult:
-    from ray import serve
-
+def run_on_policy(cfg: DistillConfig, teacher_path: str, student_path: str, data: PreparedData, out: Path) -> SFTResult:
     d = cfg.distill
     weights_dir = Path(cfg.rollout.weights_dir) / f"{cfg.run.name}-{out.name}"
     chan = rollout_channel(cfg.rollout, weights_dir)
     chan.close()  # a resumed learner republishes its restored version
     prompts = preprocess.prompt_order(data.train, d.on_policy_steps * d.prompts_per_step, cfg.run.seed)
-    _deploy(cfg, teacher_path, student_path, weights_dir)
     seqs = d.prompts_per_step * d.samples_per_prompt
     t0 = time.time()
-    try:
-        result = fit(onpolicy_loop, {"cfg": cfg.model_dump(mode="json"), "model_path": student_path,
-                                     "run_dir": str(out), "weights_dir": str(weights_dir),
-                                     "student_app": STUDENT_APP, "teacher_app": TEACHER_APP,
-                                     "grad_accum": seqs // (cfg.resources.num_workers *
-                                                            d.on_policy_optim.micro_batch_size)},
-                     cfg.resources, cfg.run.model_copy(update={"storage_path": str(out.parent)}),
-                     {"prompts": prompts}, name=out.name)
-    finally:
-        for app in (STUDENT_APP, TEACHER_APP):
-            serve.delete(app)
-        chan.close()  # the final weights are in the checkpoint
+    with deployed(_apps(cfg, teacher_path, student_path, weights_dir), cleanup=chan.close):
+        # the final weights are in the checkpoint: the pushed ones go with the apps
+        result = fit(
+            onpolicy_loop,
+            {
+                "cfg": cfg.model_dump(mode="json"),
+                "model_path": student_path,
+                "run_dir": str(out),
+                "weights_dir": str(weights_dir),
+                "student_app": STUDENT_APP,
+                "teacher_app": TEACHER_APP,
+                "grad_accum": seqs // (cfg.resources.num_workers * d.on_policy_optim.micro_batch_size),
+            },
+            cfg.resources,
+            cfg.run.model_copy(update={"storage_path": str(out.parent)}),
+            {"prompts": prompts},
+            name=out.name,
+        )
     if result.error is not None:
         raise result.error
-    return SFTResult(str(Path(result.checkpoint.path) / checkpointing.HF_DIR), d.on_policy_steps,
-                     time.time() - t0, dict(result.metrics or {}))
+    return SFTResult(
+        str(Path(result.checkpoint.path) / checkpointing.HF_DIR),
+        d.on_policy_steps,
+        time.time() - t0,
+        dict(result.metrics or {}),
+    )

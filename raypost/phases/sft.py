@@ -35,14 +35,23 @@ def plan_steps(cfg: SFTConfig, num_rows: int) -> int:
     global_batch = cfg.optim.micro_batch_size * cfg.optim.grad_accum * cfg.resources.num_workers
     steps = num_rows // global_batch
     if steps == 0:
-        raise ValueError(f"{num_rows} training rows make no full global batch of {global_batch} "
-                         f"(optim.micro_batch_size x optim.grad_accum x resources.num_workers); lower one of them")
+        raise ValueError(
+            f"{num_rows} training rows make no full global batch of {global_batch} "
+            f"(optim.micro_batch_size x optim.grad_accum x resources.num_workers); lower one of them"
+        )
     return min(steps, cfg.train.max_steps or steps)
 
 
-def run_sft(cfg: SFTConfig, model_path: str, data: PreparedData, run_dir: Path,
-            teacher: TeacherSignal | None = None, start_from: str | None = None,
-            stop_at: int | None = None, report_to_tune: bool = True) -> SFTResult:
+def run_sft(
+    cfg: SFTConfig,
+    model_path: str,
+    data: PreparedData,
+    run_dir: Path,
+    teacher: TeacherSignal | None = None,
+    start_from: str | None = None,
+    stop_at: int | None = None,
+    report_to_tune: bool = True,
+) -> SFTResult:
     """Train; returns the exported HF model (inside the final checkpoint) and its metrics.
     With ``teacher``, the packed rows get the teacher's top-k and the loss is offline KD.
     ``start_from`` (a checkpoint of another run) and ``stop_at`` (a step) run one segment of
@@ -59,10 +68,22 @@ def run_sft(cfg: SFTConfig, model_path: str, data: PreparedData, run_dir: Path,
     eval_rows = preprocess.sft_rows(data.eval, cfg.data.model_copy(update={"pack": False}), 1, cfg.run.seed)
     log.info("sft: %d packed rows, %d steps on %d workers", rows.count(), total, cfg.resources.num_workers)
     t0 = time.time()
-    result = fit(sft_loop, {"cfg": cfg.model_dump(mode="json"), "model_path": model_path, "run_dir": str(run_dir),
-                            "total_steps": total, "kd": teacher.kd if teacher else None,
-                            "start_from": start_from, "stop_at": stop_at},
-                 cfg.resources, cfg.run, {"train": rows, "eval": eval_rows}, report_to_tune=report_to_tune)
+    result = fit(
+        sft_loop,
+        {
+            "cfg": cfg.model_dump(mode="json"),
+            "model_path": model_path,
+            "run_dir": str(run_dir),
+            "total_steps": total,
+            "kd": teacher.kd if teacher else None,
+            "start_from": start_from,
+            "stop_at": stop_at,
+        },
+        cfg.resources,
+        cfg.run,
+        {"train": rows, "eval": eval_rows},
+        report_to_tune=report_to_tune,
+    )
     if result.error is not None:
         raise result.error
     ckpt_dir = Path(result.checkpoint.path)
@@ -87,8 +108,13 @@ def _teacher_pass(teacher: TeacherSignal, rows: Any, run_dir: Path) -> tuple[Any
     if "size" not in cache:  # written once: runs that reuse the pass reuse its Parquet too
         cache["size"] = write_topk(rows, run_dir / "teacher_topk", teacher.top_k)
     size = cache["size"]
-    log.info("teacher top-%d: %d tokens, %.1f MB as Parquet (%.0f bytes a token)", teacher.top_k, size["tokens"],
-             size["bytes"] / 2**20, size["bytes"] / max(1, size["tokens"]))
+    log.info(
+        "teacher top-%d: %d tokens, %.1f MB as Parquet (%.0f bytes a token)",
+        teacher.top_k,
+        size["tokens"],
+        size["bytes"] / 2**20,
+        size["bytes"] / max(1, size["tokens"]),
+    )
     return rows, {"seconds": seconds, "reused": reused, "top_k": teacher.top_k, **size}
 
 

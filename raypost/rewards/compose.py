@@ -9,8 +9,9 @@ So ``trl.rewards:accuracy_reward`` (which reads a ``solution`` column) works unc
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from raypost.rewards.verifiers import accuracy_reward, format_reward
 
@@ -48,25 +49,37 @@ class WeightedReward:
     kwargs: dict[str, Any] = field(default_factory=dict)  # fixed arguments from the reward spec
 
 
-def call(reward: WeightedReward, prompts: Sequence[Any], completions: Sequence[Any],
-         columns: dict[str, Sequence[Any]]) -> list[float | None]:
+def call(
+    reward: WeightedReward, prompts: Sequence[Any], completions: Sequence[Any], columns: dict[str, Sequence[Any]]
+) -> list[float | None]:
     """One reward function over a batch, checked for length; errors name the function."""
     if reward.conversational:  # TRL's format for chat datasets
         prompts = [[{"role": "user", "content": p}] for p in prompts]
         completions = [[{"role": "assistant", "content": c}] for c in completions]
     try:
-        out = reward.fn(prompts=list(prompts), completions=list(completions),
-                        **{k: list(v) for k, v in columns.items()}, **reward.kwargs)
+        out = reward.fn(
+            prompts=list(prompts),
+            completions=list(completions),
+            **{k: list(v) for k, v in columns.items()},
+            **reward.kwargs,
+        )
     except Exception as err:  # a user function failing must not take the service down
         raise RewardFunctionError(reward.name, f"{type(err).__name__}: {err}") from err
     if not isinstance(out, (list, tuple)) or len(out) != len(completions):
-        raise RewardFunctionError(reward.name, f"returned {type(out).__name__} of length "
-                                  f"{len(out) if hasattr(out, '__len__') else '?'}, expected {len(completions)} floats")
+        raise RewardFunctionError(
+            reward.name,
+            f"returned {type(out).__name__} of length "
+            f"{len(out) if hasattr(out, '__len__') else '?'}, expected {len(completions)} floats",
+        )
     return [None if v is None else float(v) for v in out]
 
 
-def combine(rewards: Sequence[WeightedReward], prompts: Sequence[Any], completions: Sequence[Any],
-            columns: dict[str, Sequence[Any]]) -> tuple[list[float], dict[str, list[float | None]]]:
+def combine(
+    rewards: Sequence[WeightedReward],
+    prompts: Sequence[Any],
+    completions: Sequence[Any],
+    columns: dict[str, Sequence[Any]],
+) -> tuple[list[float], dict[str, list[float | None]]]:
     """Weighted sum of every reward; also each reward's raw scores by name."""
     per_name = {r.name: call(r, prompts, completions, columns) for r in rewards}
     total = [0.0] * len(completions)
@@ -77,8 +90,9 @@ def combine(rewards: Sequence[WeightedReward], prompts: Sequence[Any], completio
     return total, per_name
 
 
-def score_items(rewards: Sequence[WeightedReward], needs_labels: set[str],
-                items: Sequence[tuple[str, str, str | None]]) -> list[Any]:
+def score_items(
+    rewards: Sequence[WeightedReward], needs_labels: set[str], items: Sequence[tuple[str, str, str | None]]
+) -> list[Any]:
     """Scores of (prompt, completion, label or None) items that concurrent requests sent and
     ``serve.batch`` merged: per item ``{"reward", "scores"}``, or the ``RewardFunctionError`` of its
     group. Labelled and unlabelled items are scored as two groups, so an unlabelled request

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -32,8 +32,14 @@ class RewardModel:
     def score(self, prompts: Sequence[str], completions: Sequence[str]) -> list[float]:
         out: list[float] = []
         for i in range(0, len(prompts), self.batch_size):
-            enc = self.tok(list(prompts[i:i + self.batch_size]), list(completions[i:i + self.batch_size]),
-                           truncation=True, max_length=self.max_length, padding=True, return_tensors="pt")
+            enc = self.tok(
+                list(prompts[i : i + self.batch_size]),
+                list(completions[i : i + self.batch_size]),
+                truncation=True,
+                max_length=self.max_length,
+                padding=True,
+                return_tensors="pt",
+            )
             out.extend(self.model(**enc).logits[:, 0].float().tolist())
         return out
 

@@ -23,6 +23,7 @@ import logging
 import subprocess
 import sys
 import threading
+
 log = logging.getLogger("raypost.rewards")
 
 MARGIN_S = 2.0  # beyond math-verify's own limit, before the worker is killed
@@ -33,8 +34,11 @@ def _verify(gold: str, pred: str, timeout_s: int | None) -> bool:
     """math-verify's verdict, in the calling process (its limits need the main thread)."""
     from math_verify import parse, verify
 
-    return bool(verify(parse(gold, parsing_timeout=timeout_s), parse(pred, parsing_timeout=timeout_s),
-                       timeout_seconds=timeout_s))
+    return bool(
+        verify(
+            parse(gold, parsing_timeout=timeout_s), parse(pred, parsing_timeout=timeout_s), timeout_seconds=timeout_s
+        )
+    )
 
 
 class SymbolicChecker:
@@ -55,8 +59,12 @@ class SymbolicChecker:
             return self._in_worker(gold, pred)
         except TimeoutError:
             self.timeouts += 1
-            log.warning("math-verify took over %ss on %r vs %r: its worker was replaced; counted as no match",
-                        self.timeout_s + MARGIN_S, pred[:80], gold[:80])
+            log.warning(
+                "math-verify took over %ss on %r vs %r: its worker was replaced; counted as no match",
+                self.timeout_s + MARGIN_S,
+                pred[:80],
+                gold[:80],
+            )
             return None
         except Exception as err:  # noqa: BLE001 - math-verify's own failure is "unknown", said by the caller
             log.debug("math-verify failed on %r vs %r: %s", pred[:80], gold[:80], err)
@@ -66,8 +74,9 @@ class SymbolicChecker:
         with self._lock:  # one check at a time in the one worker: its time is its own
             fresh = self._worker is None or self._worker.poll() is not None
             if fresh:
-                self._worker = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                                stderr=subprocess.DEVNULL, text=True)
+                self._worker = subprocess.Popen(
+                    self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+                )
             worker = self._worker
             worker.stdin.write(json.dumps({"gold": gold, "pred": pred, "timeout_s": self.timeout_s}) + "\n")
             worker.stdin.flush()

@@ -48,8 +48,9 @@ def symbolic_checker() -> SymbolicChecker:
     return SymbolicChecker()
 
 
-def accuracy_reward(prompts: list[Any], completions: list[Any], answer: list[str], extract: str = "strict",
-                    **kwargs: Any) -> list[float]:
+def accuracy_reward(
+    prompts: list[Any], completions: list[Any], answer: list[str], extract: str = "strict", **kwargs: Any
+) -> list[float]:
     """1.0 when the completion's final answer matches ``answer`` (GSM8K and the synthetic task).
     ``extract='strict'`` reads only a '#### n' line; 'flexible' also \\boxed{}, "the answer is n"
     and the last number (a reward spec's ``kwargs: {extract: flexible}``)."""

@@ -20,8 +20,9 @@ No threads or I/O here; raypost.rl.producer drives it, tests step it by hand.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 
 class Versioned(Protocol):

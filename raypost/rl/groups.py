@@ -3,8 +3,9 @@ service, with DAPO's overlong handling and dynamic-sampling filter. Built by the
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -44,9 +45,16 @@ class Group:
 
 def to_group(row: dict, out: dict) -> Group:
     """A Group from a prompt row and the rollout app's answer for it (one weight version)."""
-    return Group(str(row["id"]), list(row["prompt_ids"]), row["question"], row["answer"],
-                 [Sample(c["token_ids"], c["logprobs"], c["finish_reason"] or "", c["text"], out["version"])
-                  for c in out["completions"]])
+    return Group(
+        str(row["id"]),
+        list(row["prompt_ids"]),
+        row["question"],
+        row["answer"],
+        [
+            Sample(c["token_ids"], c["logprobs"], c["finish_reason"] or "", c["text"], out["version"])
+            for c in out["completions"]
+        ],
+    )
 
 
 def sampling(algo: AlgoConfig) -> dict[str, Any]:

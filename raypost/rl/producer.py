@@ -17,7 +17,8 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from raypost.config.grpo import AlgoConfig
 from raypost.rl import groups as G
@@ -29,8 +30,9 @@ log = logging.getLogger("raypost.producer")
 
 
 class RolloutProducer:
-    def __init__(self, controller: RolloutController, client: Any, reward: Any, next_row: Callable[[], dict],
-                 algo: AlgoConfig) -> None:
+    def __init__(
+        self, controller: RolloutController, client: Any, reward: Any, next_row: Callable[[], dict], algo: AlgoConfig
+    ) -> None:
         self.ctl, self.client, self.reward, self.next_row, self.algo = controller, client, reward, next_row, algo
         self.cond = threading.Condition()
         self.error: BaseException | None = None
@@ -42,7 +44,7 @@ class RolloutProducer:
         self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), name="raypost-producer", daemon=True)
 
     # -- learner side ---------------------------------------------------------------------
-    def start(self) -> "RolloutProducer":
+    def start(self) -> RolloutProducer:
         self._thread.start()
         return self
 
@@ -54,8 +56,9 @@ class RolloutProducer:
                 if self.error is not None:
                     raise RuntimeError(f"rollout producer failed: {self.error!r}") from self.error
                 if self.exhausted and not self.ctl.running:
-                    raise RuntimeError("the prompt order ran out before the last step; raise data size or "
-                                       "lower algo.steps")
+                    raise RuntimeError(
+                        "the prompt order ran out before the last step; raise data size or lower algo.steps"
+                    )
                 self.cond.wait(timeout=1.0)
             groups = self.ctl.take()
         self._notify()
@@ -68,10 +71,14 @@ class RolloutProducer:
 
     def stats(self) -> dict[str, float]:
         with self.cond:
-            return {"in_flight": len(self.ctl.running), "buffered": sum(g is not None for g in self.ctl.done.values()),
-                    "dropped_stale": self.ctl.dropped_stale, "groups_dropped": self.ctl.dropped_filtered,
-                    "groups_failed": self.ctl.failed,
-                    "producer_wait_frac": self.capacity_wait_s / max(time.perf_counter() - self.started, 1e-9)}
+            return {
+                "in_flight": len(self.ctl.running),
+                "buffered": sum(g is not None for g in self.ctl.done.values()),
+                "dropped_stale": self.ctl.dropped_stale,
+                "groups_dropped": self.ctl.dropped_filtered,
+                "groups_failed": self.ctl.failed,
+                "producer_wait_frac": self.capacity_wait_s / max(time.perf_counter() - self.started, 1e-9),
+            }
 
     def stop(self) -> None:
         self.stopping = True
@@ -142,8 +149,9 @@ class RolloutProducer:
             group, t1 = G.to_group(row, out), time.perf_counter()
             check_served(group.version, pushed, self.client.weights_dir)
             args = G.reward_args([group])
-            scores = await with_retries(lambda: self.reward.score.remote(*args), "reward",
-                                        self.client.max_attempts, self.client.backoff_s)
+            scores = await with_retries(
+                lambda: self.reward.score.remote(*args), "reward", self.client.max_attempts, self.client.backoff_s
+            )
             G.apply_scores([group], scores, self.algo)
             group.timing = {"gen_start": t0, "gen_end": t1, "reward_s": time.perf_counter() - t1}
             with self.cond:
@@ -160,7 +168,12 @@ class RolloutProducer:
                     self.error = err
                 else:
                     self.ctl.fail(ticket)
-                    log.warning("rollout group %d failed and is dropped (%d of algo.max_failed_groups=%d): %r",
-                                ticket, self.ctl.failed, self.algo.max_failed_groups, err)
+                    log.warning(
+                        "rollout group %d failed and is dropped (%d of algo.max_failed_groups=%d): %r",
+                        ticket,
+                        self.ctl.failed,
+                        self.algo.max_failed_groups,
+                        err,
+                    )
                 self.cond.notify_all()
             self._notify()

@@ -7,7 +7,8 @@ the logits at position t.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -19,9 +20,17 @@ def sequences(groups: Iterable[Any], adv: torch.Tensor) -> list[Sequence]:
     out = []
     for gi, g in enumerate(groups):
         for si, s in enumerate(g.samples):
-            out.append(Sequence(ids=g.prompt_ids + s.completion_ids, start=len(g.prompt_ids), old=s.logprobs,
-                                sample_id=f"{g.row_id}#{si}", adv=float(adv[gi, si]), train=s.train_mask,
-                                version=s.version))
+            out.append(
+                Sequence(
+                    ids=g.prompt_ids + s.completion_ids,
+                    start=len(g.prompt_ids),
+                    old=s.logprobs,
+                    sample_id=f"{g.row_id}#{si}",
+                    adv=float(adv[gi, si]),
+                    train=s.train_mask,
+                    version=s.version,
+                )
+            )
     return out
 
 
@@ -45,12 +54,18 @@ def collate(rows: list[Sequence], pad_id: int) -> dict[str, torch.Tensor]:
         attn[i, :L] = 1
         c = L - s  # completion tokens, targets at indices s-1 .. L-2
         if r.loss_tokens:
-            mask[i, s - 1:L - 1] = 1.0
+            mask[i, s - 1 : L - 1] = 1.0
         behaviour = r.old[:c]  # one log-prob per completion token
-        old[i, s - 1:s - 1 + len(behaviour)] = torch.tensor(behaviour, dtype=torch.float32)
-    return {"input_ids": ids, "attention_mask": attn, "targets": ids[:, 1:], "mask": mask, "old_logp": old,
-            "adv": torch.tensor([r.adv for r in rows], dtype=torch.float32),
-            "fresh": torch.tensor([float(r.stale == 0) for r in rows])}
+        old[i, s - 1 : s - 1 + len(behaviour)] = torch.tensor(behaviour, dtype=torch.float32)
+    return {
+        "input_ids": ids,
+        "attention_mask": attn,
+        "targets": ids[:, 1:],
+        "mask": mask,
+        "old_logp": old,
+        "adv": torch.tensor([r.adv for r in rows], dtype=torch.float32),
+        "fresh": torch.tensor([float(r.stale == 0) for r in rows]),
+    }
 
 
 def trim_to_completions(batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:
@@ -68,8 +83,9 @@ def trim_to_completions(batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch
     return trimmed, t - first
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
-                   chunk_tokens: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, chunk_tokens: int = 1024
+) -> tuple[torch.Tensor, torch.Tensor]:
     """log p(target) under softmax(logits / temperature), and the per-token entropy.
 
     logits: [N, T, V] (positions 0..T-1); targets: [N, T-1]. Returns two [N, T-1] fp32 tensors
@@ -94,8 +110,9 @@ class _SelectiveLogprob(torch.autograd.Function):
     Backward: d logp / d logits = (onehot(target) - softmax(x)) / temperature, per chunk."""
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float,
-                chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        ctx, logits: torch.Tensor, targets: torch.Tensor, temperature: float, chunk: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         n, t = targets.shape
         logp = torch.zeros((n, t), dtype=torch.float32, device=logits.device)
         entropy, lse = torch.zeros_like(logp), torch.zeros_like(logp)

@@ -30,8 +30,9 @@ from __future__ import annotations
 import asyncio
 import shutil
 from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -53,8 +54,9 @@ class WeightChannel(ABC):
         self.publish_stream(version, weights.specs_of(state), [state])
 
     @abstractmethod
-    def publish_stream(self, version: int, specs: Sequence[weights.Spec],
-                       buckets: Iterable[Mapping[str, torch.Tensor]]) -> None:
+    def publish_stream(
+        self, version: int, specs: Sequence[weights.Spec], buckets: Iterable[Mapping[str, torch.Tensor]]
+    ) -> None:
         """Learner rank 0: make the tensors of ``specs`` the newest version. They arrive in
         ``buckets`` (dicts, in ``specs``' order), each passed on as it comes, so a learner that
         gathers its weights bucket by bucket (ZeRO-3) never holds the whole model."""
@@ -69,7 +71,7 @@ class WeightChannel(ABC):
         """Replica: whether a version other than ``have`` was published (cheap: no transfer)."""
         return True
 
-    def stop_serving(self) -> None:
+    def stop_serving(self) -> None:  # noqa: B027 - a no-op unless the transport serves from the learner
         """Learner rank 0, when its loop ends: stop whatever serves the weights from its process."""
 
     def close(self) -> None:
@@ -77,7 +79,7 @@ class WeightChannel(ABC):
         pushed weights are in the checkpoints."""
         shutil.rmtree(self.weights_dir, ignore_errors=True)
 
-    def release(self) -> None:
+    def release(self) -> None:  # noqa: B027 - a no-op unless the transport holds replica memory
         """A replica stops: release what it holds for its engine's workers (object_store: its memfd)."""
 
 
@@ -92,7 +94,7 @@ class WeightBoard:
         self.published: list[tuple[int, list[Any]]] = []
 
     def put(self, version: int, boxed_ref: list[Any]) -> None:
-        self.published = [*self.published, (version, boxed_ref)][-self.keep:]
+        self.published = [*self.published, (version, boxed_ref)][-self.keep :]
 
     def latest(self) -> tuple[int, list[Any] | None]:
         return self.published[-1] if self.published else (0, None)
@@ -111,9 +113,18 @@ class BoardChannel(WeightChannel):
         import ray
 
         if self._board is None:
-            self._board = ray.remote(WeightBoard).options(
-                name=self.name, namespace=NAMESPACE, get_if_exists=True, lifetime="detached", num_cpus=0,
-                max_restarts=0).remote()
+            self._board = (
+                ray.remote(WeightBoard)
+                .options(
+                    name=self.name,
+                    namespace=NAMESPACE,
+                    get_if_exists=True,
+                    lifetime="detached",
+                    num_cpus=0,
+                    max_restarts=0,
+                )
+                .remote()
+            )
         return self._board
 
     async def _latest(self) -> tuple[int, list[Any] | None]:
@@ -148,15 +159,16 @@ class ShmChannel(BoardChannel):
         super().__init__(weights_dir)
         self._files: weights.VersionFiles | None = None  # learner: the version files it writes
 
-    def publish_stream(self, version: int, specs: Sequence[weights.Spec],
-                       buckets: Iterable[Mapping[str, torch.Tensor]]) -> None:
+    def publish_stream(
+        self, version: int, specs: Sequence[weights.Spec], buckets: Iterable[Mapping[str, torch.Tensor]]
+    ) -> None:
         import ray
 
         self._files = self._files or weights.VersionFiles(self.weights_dir)
         path = self._files.write(version, specs, buckets)
         ray.get(self._created_board().put.remote(version, [str(path)]))
 
-    def stop_serving(self) -> None:
+    def stop_serving(self) -> None:  # noqa: B027 - a no-op unless the transport serves from the learner
         if self._files is not None:
             self._files.close()
             self._files = None
@@ -168,8 +180,10 @@ class ShmChannel(BoardChannel):
                 return have, None
             if Path(boxed[0]).is_file():
                 return version, {"file": boxed[0]}
-        raise weights.WeightsNotReachedError(f"weight version {version} is at {boxed[0]} on learner rank 0's node, "
-                                             f"which this replica cannot read. {SHM_APART}")
+        raise weights.WeightsNotReachedError(
+            f"weight version {version} is at {boxed[0]} on learner rank 0's node, "
+            f"which this replica cannot read. {SHM_APART}"
+        )
 
 
 class ObjectStoreChannel(BoardChannel):
@@ -181,8 +195,9 @@ class ObjectStoreChannel(BoardChannel):
         self._pulling = asyncio.Lock()
         self._shared: Any = None  # replica: the version it pulled, in a memfd for its engine's workers
 
-    def publish_stream(self, version: int, specs: Sequence[weights.Spec],
-                       buckets: Iterable[Mapping[str, torch.Tensor]]) -> None:
+    def publish_stream(
+        self, version: int, specs: Sequence[weights.Spec], buckets: Iterable[Mapping[str, torch.Tensor]]
+    ) -> None:
         import ray
 
         board = self._created_board()
@@ -192,7 +207,7 @@ class ObjectStoreChannel(BoardChannel):
         # the tensors of each bucket, in order, and its object.
         refs, counts, n = [], [], 0
         for bucket in buckets:
-            refs.append(ray.put(self._packed(specs[n:n + len(bucket)], bucket)))
+            refs.append(ray.put(self._packed(specs[n : n + len(bucket)], bucket)))
             counts.append(len(bucket))
             n += len(bucket)
         if n != len(specs):
@@ -209,7 +224,7 @@ class ObjectStoreChannel(BoardChannel):
             self._stage = torch.empty(size, dtype=torch.uint8)
         offset = 0
         for _, flat in weights.in_order(part, [bucket]):
-            self._stage[offset:offset + flat.numel()] = flat
+            self._stage[offset : offset + flat.numel()] = flat
             offset += flat.numel()
         return self._stage[:size].numpy()
 
@@ -231,7 +246,7 @@ class ObjectStoreChannel(BoardChannel):
                 await asyncio.to_thread(self._shared.write, version, specs, split(specs, counts, flats))
         return version, {"memfd": self._shared.source()}
 
-    def release(self) -> None:
+    def release(self) -> None:  # noqa: B027 - a no-op unless the transport holds replica memory
         if self._shared is not None:
             self._shared.close()
             self._shared = None
@@ -242,9 +257,9 @@ def split(specs: Sequence[weights.Spec], counts: Sequence[int], flats: Sequence[
     n = 0
     for count, flat in zip(counts, flats):
         offset = 0
-        for spec in specs[n:n + count]:
+        for spec in specs[n : n + count]:
             size = weights.nbytes(spec)
-            yield flat[offset:offset + size]
+            yield flat[offset : offset + size]
             offset += size
         n += count
 
@@ -257,8 +272,9 @@ class CollectiveChannel(BoardChannel):
         self.workers, self.bucket_bytes = workers, bucket_mb << 20  # engine workers per replica
         self._server: Any = None
 
-    def publish_stream(self, version: int, specs: Sequence[weights.Spec],
-                       buckets: Iterable[Mapping[str, torch.Tensor]]) -> None:
+    def publish_stream(
+        self, version: int, specs: Sequence[weights.Spec], buckets: Iterable[Mapping[str, torch.Tensor]]
+    ) -> None:
         import ray
 
         from raypost.serve.collective import WeightServer
@@ -278,21 +294,26 @@ class CollectiveChannel(BoardChannel):
         source = await asyncio.to_thread(request, boxed[0], self.workers)
         return source["version"], {"collective": source}
 
-    def stop_serving(self) -> None:
+    def stop_serving(self) -> None:  # noqa: B027 - a no-op unless the transport serves from the learner
         if self._server is not None:
             self._server.stop()
             self._server = None
 
 
-CHANNELS: dict[str, type[WeightChannel]] = {"shm": ShmChannel, "object_store": ObjectStoreChannel,
-                                            "collective": CollectiveChannel}
+CHANNELS: dict[str, type[WeightChannel]] = {
+    "shm": ShmChannel,
+    "object_store": ObjectStoreChannel,
+    "collective": CollectiveChannel,
+}
 
 
-SHM_APART = ("rollout.weight_transport=shm writes the weights into learner rank 0's node-local "
-             "rollout.weights_dir, which a replica on another node cannot read. Set "
-             "rollout.weight_transport=object_store (weights go through Ray's object store to any node), let "
-             "resources.ray_resources and rollout.ray_resources share a node, or, when rollout.weights_dir is a "
-             "mount every node shares, set rollout.shared_weights_dir=true")
+SHM_APART = (
+    "rollout.weight_transport=shm writes the weights into learner rank 0's node-local "
+    "rollout.weights_dir, which a replica on another node cannot read. Set "
+    "rollout.weight_transport=object_store (weights go through Ray's object store to any node), let "
+    "resources.ray_resources and rollout.ray_resources share a node, or, when rollout.weights_dir is a "
+    "mount every node shares, set rollout.shared_weights_dir=true"
+)
 
 
 def check_weight_path(rollout: Any, learner_worker: Mapping[str, float], replica: Mapping[str, float]) -> None:
@@ -307,9 +328,15 @@ def check_weight_path(rollout: Any, learner_worker: Mapping[str, float], replica
 
 def rollout_channel(rollout: Any, weights_dir: str | Path | None = None) -> WeightChannel:
     """The channel that ``rollout`` (a RolloutConfig) names, for the run's ``weights_dir``."""
-    return channel(rollout.weight_transport, weights_dir or rollout.weights_dir,
-                   **({"workers": rollout.tensor_parallel_size, "bucket_mb": rollout.weight_bucket_mb}
-                      if rollout.weight_transport == "collective" else {}))
+    return channel(
+        rollout.weight_transport,
+        weights_dir or rollout.weights_dir,
+        **(
+            {"workers": rollout.tensor_parallel_size, "bucket_mb": rollout.weight_bucket_mb}
+            if rollout.weight_transport == "collective"
+            else {}
+        ),
+    )
 
 
 def channel(transport: str, weights_dir: str | Path, **options: Any) -> WeightChannel:

@@ -26,8 +26,9 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -71,8 +72,14 @@ def _broadcast(group: Any, tensor: torch.Tensor) -> None:
 class WeightServer:
     """Learner rank 0's side: the newest version, sent to each replica that asks for it."""
 
-    def __init__(self, host: str, backend: str = "gloo", bucket_bytes: int = 64 << 20, timeout_s: float = 60.0,
-                 ticket_wait_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        host: str,
+        backend: str = "gloo",
+        bucket_bytes: int = 64 << 20,
+        timeout_s: float = 60.0,
+        ticket_wait_s: float = 30.0,
+    ) -> None:
         self.backend, self.bucket_bytes, self.timeout_s = backend, bucket_bytes, timeout_s
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         self.ticket_wait_s = ticket_wait_s  # a ticket taken but never filed (its replica died) is skipped
@@ -101,10 +108,12 @@ class WeightServer:
         if buf is None or buf.numel() != offset:
             buf = torch.empty(offset, dtype=torch.uint8)
         for i, flat in in_order(specs, buckets):
-            buf[meta[i][3]:meta[i][3] + meta[i][4]] = flat
+            buf[meta[i][3] : meta[i][3] + meta[i][4]] = flat
         with self._lock:
-            old, self._offer = self._offer, {"version": version, "meta": meta,
-                                             "buckets": buckets_of(meta, self.bucket_bytes), "buf": buf}
+            old, self._offer = (
+                self._offer,
+                {"version": version, "meta": meta, "buckets": buckets_of(meta, self.bucket_bytes), "buf": buf},
+            )
             self._retire(old)
 
     def _retire(self, offer: dict[str, Any] | None) -> None:
@@ -193,14 +202,17 @@ def request(address: Mapping[str, Any], workers: int, timeout_s: float = 120.0) 
     return {**address, "ticket": ticket, "workers": workers, "timeout_s": timeout_s, **header}
 
 
-def receive(source: Mapping[str, Any], worker_rank: int, device: torch.device | str = "cpu") -> Iterator[
-        tuple[str, torch.Tensor]]:
+def receive(
+    source: Mapping[str, Any], worker_rank: int, device: torch.device | str = "cpu"
+) -> Iterator[tuple[str, torch.Tensor]]:
     """An engine worker's side: join the ticket's group as rank ``1 + worker_rank`` and yield
     (name, tensor) for each bucket's tensors as the bucket arrives (views into that bucket)."""
-    store = dist.TCPStore(source["host"], source["port"], is_master=False,
-                          timeout=timedelta(seconds=source["timeout_s"]))
-    group = _group(store, source["ticket"], 1 + worker_rank, 1 + source["workers"], source["backend"],
-                   source["timeout_s"])
+    store = dist.TCPStore(
+        source["host"], source["port"], is_master=False, timeout=timedelta(seconds=source["timeout_s"])
+    )
+    group = _group(
+        store, source["ticket"], 1 + worker_rank, 1 + source["workers"], source["backend"], source["timeout_s"]
+    )
     meta = iter(source["meta"])
     pending = next(meta, None)
     for lo, hi in source["buckets"]:
@@ -208,5 +220,5 @@ def receive(source: Mapping[str, Any], worker_rank: int, device: torch.device | 
         _broadcast(group, buf)
         while pending is not None and pending[3] < hi:
             name, dtype, shape, offset, nbytes = pending
-            yield name, buf[offset - lo:offset - lo + nbytes].view(getattr(torch, dtype)).reshape(shape)
+            yield name, buf[offset - lo : offset - lo + nbytes].view(getattr(torch, dtype)).reshape(shape)
             pending = next(meta, None)

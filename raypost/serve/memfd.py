@@ -17,7 +17,8 @@ from __future__ import annotations
 import mmap
 import os
 import warnings
-from typing import Any, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -66,7 +67,7 @@ class SharedWeights:
             if n:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", UserWarning)  # a read-only source (a pulled object) is only read
-                    self._buf[offset:offset + n].copy_(torch.frombuffer(view, dtype=torch.uint8))
+                    self._buf[offset : offset + n].copy_(torch.frombuffer(view, dtype=torch.uint8))
             count += 1
         if count != len(meta):
             raise ValueError(f"weight version {version} ended before its last tensor ({count} of {len(meta)})")
@@ -110,4 +111,4 @@ def tensors(source: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
         warnings.simplefilter("ignore", UserWarning)  # "non-writable buffer": the views are only read
         buf = torch.frombuffer(mapped, dtype=torch.uint8) if source["size"] else torch.empty(0, dtype=torch.uint8)
     for name, dtype, shape, offset, n in source["meta"]:
-        yield name, buf[offset:offset + n].view(getattr(torch, dtype)).reshape(shape)
+        yield name, buf[offset : offset + n].view(getattr(torch, dtype)).reshape(shape)

@@ -17,7 +17,8 @@ import asyncio
 import hmac
 import json
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
@@ -36,13 +37,16 @@ api = FastAPI(title="raypost reward service")
 class RewardService:
     def __init__(self, config: dict[str, Any]) -> None:
         self.cfg = RewardServiceConfig.model_validate(config)
-        self.rewards = [WeightedReward(r.name, resolve(r.fn), r.weight, r.conversational, r.kwargs)
-                        for r in self.cfg.rewards]
+        self.rewards = [
+            WeightedReward(r.name, resolve(r.fn), r.weight, r.conversational, r.kwargs) for r in self.cfg.rewards
+        ]
         self.needs_labels = {r.name for r in self.cfg.rewards if r.needs_labels}
         if self.cfg.model is not None:
             from raypost.rewards.model import RewardModel
 
-            rm = RewardModel(self.cfg.model.path, self.cfg.model.max_length, threads=max(1, int(self.cfg.cpus_per_replica)))
+            rm = RewardModel(
+                self.cfg.model.path, self.cfg.model.max_length, threads=max(1, int(self.cfg.cpus_per_replica))
+            )
             self.rewards.append(WeightedReward(self.cfg.model.name, rm.as_reward_fn(), self.cfg.model.weight))
         self.token = self.cfg.auth_token or os.environ.get("RAYPOST_REWARD_TOKEN") or None
         self._batch.set_max_batch_size(self.cfg.max_batch_size)
@@ -54,8 +58,13 @@ class RewardService:
         """Score concurrent items together (``score_items``); an error is returned per item, not raised."""
         return score_items(self.rewards, self.needs_labels, items)
 
-    async def score(self, prompts: Sequence[str], completions: Sequence[str],
-                    labels: Sequence[str] | None = None, names: Sequence[str] | None = None) -> dict[str, Any]:
+    async def score(
+        self,
+        prompts: Sequence[str],
+        completions: Sequence[str],
+        labels: Sequence[str] | None = None,
+        names: Sequence[str] | None = None,
+    ) -> dict[str, Any]:
         """Rewards of each (prompt, completion); ``names`` restricts the weighted sum."""
         missing = sorted(self.needs_labels & set(names or [r.name for r in self.rewards]))
         if labels is None and missing:
@@ -90,13 +99,15 @@ class RewardService:
         if not isinstance(data, dict):
             raise HTTPException(422, f"body: expected a JSON object, got {type(data).__name__}")
         try:
-            return schema.model_validate(data, context={"max_items": self.cfg.max_items,
-                                                        "max_text_chars": self.cfg.max_text_chars})
+            return schema.model_validate(
+                data, context={"max_items": self.cfg.max_items, "max_text_chars": self.cfg.max_text_chars}
+            )
         except ValidationError as err:
             raise HTTPException(422, describe(err)) from None
 
-    async def _respond(self, prompts: list[str], completions: list[str], labels: list[str] | None,
-                       names: list[str] | None) -> JSONResponse:
+    async def _respond(
+        self, prompts: list[str], completions: list[str], labels: list[str] | None, names: list[str] | None
+    ) -> JSONResponse:
         try:
             return JSONResponse(await self.score(prompts, completions, labels, names))
         except ValueError as err:
@@ -127,8 +138,11 @@ def build_app(cfg: RewardServiceConfig) -> serve.Application:
         actor["resources"] = dict(cfg.ray_resources)
     options: dict[str, Any] = {"ray_actor_options": actor, "max_ongoing_requests": cfg.max_ongoing_requests}
     if cfg.autoscale_max_replicas:
-        options["autoscaling_config"] = {"min_replicas": 1, "max_replicas": cfg.autoscale_max_replicas,
-                                         "target_ongoing_requests": cfg.target_ongoing_requests}
+        options["autoscaling_config"] = {
+            "min_replicas": 1,
+            "max_replicas": cfg.autoscale_max_replicas,
+            "target_ongoing_requests": cfg.target_ongoing_requests,
+        }
     else:
         options["num_replicas"] = cfg.num_replicas
     return RewardService.options(**options).bind(cfg.model_dump(mode="json"))

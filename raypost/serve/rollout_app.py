@@ -62,8 +62,13 @@ def _cpu_engine_env(cfg: RolloutConfig) -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.kv_cache_gb))))
     mine = _replica_cores(cfg)
     if mine:
-        os.environ.update({"OMP_NUM_THREADS": str(len(mine)), "OMP_PROC_BIND": "true",
-                           "OMP_PLACES": "{" + ",".join(map(str, mine)) + "}"})
+        os.environ.update(
+            {
+                "OMP_NUM_THREADS": str(len(mine)),
+                "OMP_PROC_BIND": "true",
+                "OMP_PLACES": "{" + ",".join(map(str, mine)) + "}",
+            }
+        )
 
 
 def _replica_cores(cfg: RolloutConfig) -> list[int] | None:
@@ -82,7 +87,7 @@ def _replica_cores(cfg: RolloutConfig) -> list[int] | None:
     local = ctx.rank.local_rank if ctx.rank is not None else 0
     per = max(1, len(cores) // max(1, ctx.world_size))
     start = (local * per) % len(cores)
-    return cores[start:start + per]
+    return cores[start : start + per]
 
 
 def _prefill_args(cfg: RolloutConfig) -> dict[str, Any]:
@@ -111,14 +116,21 @@ class RolloutServer:
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = AsyncEngineArgs(model=resolve(model_path), dtype=self.cfg.dtype, max_model_len=self.cfg.max_model_len,
-                               **_prefill_args(self.cfg),
-                               max_num_seqs=self.cfg.max_num_seqs, enforce_eager=self.cfg.enforce_eager,
-                               seed=self.cfg.seed, tensor_parallel_size=self.cfg.tensor_parallel_size,
-                               # tp > 1: the engine's workers are Ray actors in the replica's placement group
-                               distributed_executor_backend="ray" if self.cfg.tensor_parallel_size > 1 else None,
-                               worker_extension_cls=EXTENSION, logprobs_mode="processed_logprobs",
-                               gpu_memory_utilization=self.cfg.gpu_memory_utilization)
+        args = AsyncEngineArgs(
+            model=resolve(model_path),
+            dtype=self.cfg.dtype,
+            max_model_len=self.cfg.max_model_len,
+            **_prefill_args(self.cfg),
+            max_num_seqs=self.cfg.max_num_seqs,
+            enforce_eager=self.cfg.enforce_eager,
+            seed=self.cfg.seed,
+            tensor_parallel_size=self.cfg.tensor_parallel_size,
+            # tp > 1: the engine's workers are Ray actors in the replica's placement group
+            distributed_executor_backend="ray" if self.cfg.tensor_parallel_size > 1 else None,
+            worker_extension_cls=EXTENSION,
+            logprobs_mode="processed_logprobs",
+            gpu_memory_utilization=self.cfg.gpu_memory_utilization,
+        )
         self.engine = AsyncLLM.from_engine_args(args)
         self.channel = rollout_channel(self.cfg)
         self.model_path = model_path
@@ -147,15 +159,30 @@ class RolloutServer:
         from vllm.sampling_params import RequestOutputKind
 
         # FINAL_ONLY: one output holding all n samples (the last streamed one may not).
-        params = SamplingParams(n=n, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, stop=s.stop,
-                                seed=s.seed, logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY)
+        params = SamplingParams(
+            n=n,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            max_tokens=s.max_tokens,
+            stop=s.stop,
+            seed=s.seed,
+            logprobs=0,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
         final = None
-        async for out in self.engine.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), params,
-                                              request_id=uuid.uuid4().hex):
+        async for out in self.engine.generate(
+            TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id=uuid.uuid4().hex
+        ):
             final = out
-        return [{"token_ids": list(o.token_ids), "text": o.text, "finish_reason": o.finish_reason,
-                 "logprobs": [lp[t].logprob for lp, t in zip(o.logprobs or [], o.token_ids)]}
-                for o in final.outputs]
+        return [
+            {
+                "token_ids": list(o.token_ids),
+                "text": o.text,
+                "finish_reason": o.finish_reason,
+                "logprobs": [lp[t].logprob for lp, t in zip(o.logprobs or [], o.token_ids)],
+            }
+            for o in final.outputs
+        ]
 
     async def generate(self, prompt_ids: list[list[int]], n: int = 1, sampling: dict | None = None) -> list[dict]:
         """n completions for each prompt, all generated with one weight version."""
@@ -182,18 +209,21 @@ class RolloutServer:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=top_k,
-                                output_kind=RequestOutputKind.FINAL_ONLY)
+        params = SamplingParams(
+            max_tokens=1, temperature=0.0, prompt_logprobs=top_k, output_kind=RequestOutputKind.FINAL_ONLY
+        )
         final = None
-        async for out in self.engine.generate(TokensPrompt(prompt_token_ids=list(seq)), params,
-                                              request_id=uuid.uuid4().hex):
+        async for out in self.engine.generate(
+            TokensPrompt(prompt_token_ids=list(seq)), params, request_id=uuid.uuid4().hex
+        ):
             final = out
         per_pos = final.prompt_logprobs[start:]  # entry i: {token id: Logprob} for seq[start + i]
-        top = [sorted(((lp.rank, t, lp.logprob) for t, lp in d.items() if lp.rank <= top_k))[:top_k]
-               for d in per_pos]
-        return {"logprobs": [d[t].logprob for d, t in zip(per_pos, seq[start:])],
-                "top_ids": [[t for _, t, _ in row] for row in top],
-                "top_logprobs": [[v for _, _, v in row] for row in top]}
+        top = [sorted(((lp.rank, t, lp.logprob) for t, lp in d.items() if lp.rank <= top_k))[:top_k] for d in per_pos]
+        return {
+            "logprobs": [d[t].logprob for d, t in zip(per_pos, seq[start:])],
+            "top_ids": [[t for _, t, _ in row] for row in top],
+            "top_logprobs": [[v for _, _, v in row] for row in top],
+        }
 
     async def weight_version(self) -> int:
         await self._ensure_latest()
@@ -204,8 +234,11 @@ class RolloutServer:
         tok = self.engine.get_tokenizer()
         ids = req.prompt if isinstance(req.prompt, list) else tok(req.prompt, add_special_tokens=False)["input_ids"]
         if len(ids) + req.max_tokens > self.cfg.max_model_len:
-            raise HTTPException(422, f"prompt ({len(ids)} tokens) + max_tokens ({req.max_tokens}) exceeds "
-                                     f"max_model_len {self.cfg.max_model_len}")
+            raise HTTPException(
+                422,
+                f"prompt ({len(ids)} tokens) + max_tokens ({req.max_tokens}) exceeds "
+                f"max_model_len {self.cfg.max_model_len}",
+            )
         from vllm.exceptions import VLLMClientError
 
         sampling = req.model_dump(include=set(Sampling.model_fields))
@@ -213,12 +246,19 @@ class RolloutServer:
             [group] = await self.generate([ids], req.n, sampling)
         except (ValueError, VLLMClientError) as err:  # vLLM's request validation (e.g. n > 1 with temperature 0)
             raise HTTPException(422, f"invalid sampling parameters: {err}") from None
-        choices = [{"index": i, "text": c["text"], "finish_reason": c["finish_reason"], "logprobs": None}
-                   for i, c in enumerate(group["completions"])]
+        choices = [
+            {"index": i, "text": c["text"], "finish_reason": c["finish_reason"], "logprobs": None}
+            for i, c in enumerate(group["completions"])
+        ]
         used = sum(len(c["token_ids"]) for c in group["completions"])
-        return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "model": self.model_path,
-                "choices": choices, "usage": {"prompt_tokens": len(ids), "completion_tokens": used,
-                                              "total_tokens": len(ids) + used}, "weight_version": group["version"]}
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "model": self.model_path,
+            "choices": choices,
+            "usage": {"prompt_tokens": len(ids), "completion_tokens": used, "total_tokens": len(ids) + used},
+            "weight_version": group["version"],
+        }
 
     async def check_health(self) -> None:
         """Serve's health probe: a dead engine fails it, so Serve replaces this replica."""
@@ -245,8 +285,11 @@ def build_app(model_path: str, cfg: RolloutConfig) -> serve.Application:
     placement: dict[str, Any] = {}
     if cfg.tensor_parallel_size > 1:
         # The replica actor in bundle 0, one GPU bundle per engine worker, all on one node.
-        placement = {"placement_group_bundles": [{"CPU": cfg.cpus_per_replica, **cfg.ray_resources}]
-                     + [{"GPU": 1.0}] * cfg.tensor_parallel_size, "placement_group_strategy": "STRICT_PACK"}
+        placement = {
+            "placement_group_bundles": [{"CPU": cfg.cpus_per_replica, **cfg.ray_resources}]
+            + [{"GPU": 1.0}] * cfg.tensor_parallel_size,
+            "placement_group_strategy": "STRICT_PACK",
+        }
     elif cfg.gpus_per_replica:
         resources["num_gpus"] = cfg.gpus_per_replica
     if cfg.autoscale_max_replicas is None:
@@ -254,8 +297,15 @@ def build_app(model_path: str, cfg: RolloutConfig) -> serve.Application:
     else:
         from raypost.serve.scaling import autoscaling_config
 
-        scale = {"autoscaling_config": autoscaling_config(cfg.num_replicas, cfg.autoscale_max_replicas,
-                                                          cfg.target_ongoing_requests, cfg.upscale_delay_s,
-                                                          cfg.downscale_delay_s)}
-    return RolloutServer.options(**scale, **placement, ray_actor_options=resources,
-                                 max_ongoing_requests=1024).bind(model_path, cfg.model_dump(mode="json"))
+        scale = {
+            "autoscaling_config": autoscaling_config(
+                cfg.num_replicas,
+                cfg.autoscale_max_replicas,
+                cfg.target_ongoing_requests,
+                cfg.upscale_delay_s,
+                cfg.downscale_delay_s,
+            )
+        }
+    return RolloutServer.options(**scale, **placement, ray_actor_options=resources, max_ongoing_requests=1024).bind(
+        model_path, cfg.model_dump(mode="json")
+    )

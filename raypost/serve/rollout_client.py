@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import torch
 
@@ -16,17 +17,30 @@ log = logging.getLogger("raypost.rollout")
 T = TypeVar("T")
 
 # Errors that mean "this request's replica is gone or unreachable", worth a retry elsewhere.
-RETRYABLE = ("RayActorError", "ActorDiedError", "ActorUnavailableError", "RayServeException",
-             "DeploymentUnavailableError", "BackPressureError", "WorkerCrashedError", "OwnerDiedError",
-             "EngineDeadError")  # a dead vLLM engine fails its replica's health check; Serve replaces it
+RETRYABLE = (
+    "RayActorError",
+    "ActorDiedError",
+    "ActorUnavailableError",
+    "RayServeException",
+    "DeploymentUnavailableError",
+    "BackPressureError",
+    "WorkerCrashedError",
+    "OwnerDiedError",
+    "EngineDeadError",
+)  # a dead vLLM engine fails its replica's health check; Serve replaces it
 
 
 def _retryable(err: BaseException) -> bool:
     return any(t.__name__ in RETRYABLE for t in type(err).__mro__)
 
 
-async def with_retries(call: Callable[[], Awaitable[T]], what: str, max_attempts: int, backoff_s: float,
-                       on_retry: Callable[[], None] | None = None) -> T:
+async def with_retries(
+    call: Callable[[], Awaitable[T]],
+    what: str,
+    max_attempts: int,
+    backoff_s: float,
+    on_retry: Callable[[], None] | None = None,
+) -> T:
     """``await call()``; a replica error (``RETRYABLE``) is retried up to ``max_attempts`` tries in
     all, after ``backoff_s`` doubling per attempt (capped at 10x). Other errors raise at once."""
     for attempt in range(1, max_attempts + 1):
@@ -37,9 +51,14 @@ async def with_retries(call: Callable[[], Awaitable[T]], what: str, max_attempts
                 raise
             if on_retry is not None:
                 on_retry()
-            log.warning("%s request failed (%s); retry %d/%d on another replica", what, type(err).__name__, attempt,
-                        max_attempts - 1)
-            await asyncio.sleep(min(10 * backoff_s, backoff_s * 2 ** attempt))
+            log.warning(
+                "%s request failed (%s); retry %d/%d on another replica",
+                what,
+                type(err).__name__,
+                attempt,
+                max_attempts - 1,
+            )
+            await asyncio.sleep(min(10 * backoff_s, backoff_s * 2**attempt))
     raise AssertionError("unreachable")
 
 
@@ -50,8 +69,16 @@ class RolloutClient:
     request that fails with a replica error is retried up to ``max_attempts`` times, after
     ``backoff_s`` doubling per attempt (capped at 10x)."""
 
-    def __init__(self, app_name: str = "rollout", weights_dir: str = "/dev/shm/raypost", max_attempts: int = 4,
-                 chunk: int = 1, handle: Any = None, backoff_s: float = 0.2, transport: str = "shm") -> None:
+    def __init__(
+        self,
+        app_name: str = "rollout",
+        weights_dir: str = "/dev/shm/raypost",
+        max_attempts: int = 4,
+        chunk: int = 1,
+        handle: Any = None,
+        backoff_s: float = 0.2,
+        transport: str = "shm",
+    ) -> None:
         if handle is None:
             from ray import serve
 
@@ -63,15 +90,20 @@ class RolloutClient:
         self.retries = 0
 
     async def _one(self, prompts: list[list[int]], n: int, sampling: dict) -> list[dict]:
-        return await with_retries(lambda: self.handle.generate.remote(prompts, n, sampling), "rollout",
-                                  self.max_attempts, self.backoff_s, self._count_retry)
+        return await with_retries(
+            lambda: self.handle.generate.remote(prompts, n, sampling),
+            "rollout",
+            self.max_attempts,
+            self.backoff_s,
+            self._count_retry,
+        )
 
     def _count_retry(self) -> None:
         self.retries += 1
 
     async def agenerate(self, prompt_ids: Sequence[Sequence[int]], n: int, sampling: Mapping[str, Any]) -> list[dict]:
         """n completions per prompt, in prompt order; requests run concurrently."""
-        chunks = [[list(p) for p in prompt_ids[i:i + self.chunk]] for i in range(0, len(prompt_ids), self.chunk)]
+        chunks = [[list(p) for p in prompt_ids[i : i + self.chunk]] for i in range(0, len(prompt_ids), self.chunk)]
         parts = await asyncio.gather(*[self._one(c, n, dict(sampling)) for c in chunks])
         return [g for part in parts for g in part]
 

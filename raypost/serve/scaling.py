@@ -54,13 +54,25 @@ def rollout_policy(ctx: Any) -> tuple[float, dict[str, Any]]:
     return math.ceil(ctx.total_num_requests / ctx.config.get_target_ongoing_requests()), {}
 
 
-def autoscaling_config(min_replicas: int, max_replicas: int, target_ongoing_requests: float,
-                       upscale_delay_s: float, downscale_delay_s: float) -> dict[str, Any]:
+def autoscaling_config(
+    min_replicas: int,
+    max_replicas: int,
+    target_ongoing_requests: float,
+    upscale_delay_s: float,
+    downscale_delay_s: float,
+) -> dict[str, Any]:
     """Serve ``autoscaling_config`` for the rollout deployment, with ``rollout_policy``."""
-    return {"min_replicas": min_replicas, "initial_replicas": min_replicas, "max_replicas": max_replicas,
-            "target_ongoing_requests": target_ongoing_requests, "upscale_delay_s": upscale_delay_s,
-            "downscale_delay_s": downscale_delay_s, "metrics_interval_s": 1.0, "look_back_period_s": 5.0,
-            "policy": {"policy_function": "raypost.serve.scaling:rollout_policy"}}
+    return {
+        "min_replicas": min_replicas,
+        "initial_replicas": min_replicas,
+        "max_replicas": max_replicas,
+        "target_ongoing_requests": target_ongoing_requests,
+        "upscale_delay_s": upscale_delay_s,
+        "downscale_delay_s": downscale_delay_s,
+        "metrics_interval_s": 1.0,
+        "look_back_period_s": 5.0,
+        "policy": {"policy_function": "raypost.serve.scaling:rollout_policy"},
+    }
 
 
 def live_replicas(app_name: str) -> dict[str, int]:

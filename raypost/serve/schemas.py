@@ -33,7 +33,7 @@ class RewardRequest(_Strict):
     rewards: list[str] | None = None
 
     @model_validator(mode="after")
-    def _same_length(self) -> "RewardRequest":
+    def _same_length(self) -> RewardRequest:
         n = len(self.completions)
         if len(self.prompts) != n:
             raise ValueError(f"prompts has {len(self.prompts)} items but completions has {n}")
@@ -52,7 +52,7 @@ class OpenRLHFRequest(_Strict):
     labels: list[str] | None = None
 
     @model_validator(mode="after")
-    def _same_length(self) -> "OpenRLHFRequest":
+    def _same_length(self) -> OpenRLHFRequest:
         n = len(self.query)
         for name in ("prompts", "labels"):
             value = getattr(self, name)
@@ -66,7 +66,7 @@ class OpenRLHFRequest(_Strict):
         """(prompts, responses): a response is its query minus the prompt prefix."""
         if self.prompts is None:
             return [""] * len(self.query), list(self.query)
-        responses = [q[len(p):] if q.startswith(p) else q for q, p in zip(self.query, self.prompts)]
+        responses = [q[len(p) :] if q.startswith(p) else q for q, p in zip(self.query, self.prompts)]
         return list(self.prompts), responses
 
 

@@ -9,7 +9,8 @@ A tied ``lm_head`` keeps the OLD weights after such a reload, so it is re-tied t
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 
 def _tensors(path: str) -> Iterator:
@@ -20,7 +21,7 @@ def _tensors(path: str) -> Iterator:
     from raypost.serve.weights import reading
 
     with reading(path) as held, safe_open(held, framework="pt") as f:
-        for name in f.keys():
+        for name in f:
             yield name, f.get_tensor(name)
 
 

@@ -14,9 +14,9 @@ import math
 import mmap
 import os
 import struct
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -37,13 +37,24 @@ def check_served(served: int, pushed: int, weights_dir: str | Path) -> None:
             f"to {weights_dir}: the pushed weights do not reach it. With rollout.weight_transport=shm, "
             "rollout.weights_dir is read on the replica's own node: set rollout.weight_transport=object_store "
             "(weights go through Ray's object store to any node), run every rollout replica on the node of "
-            "learner rank 0, or make rollout.weights_dir a directory that every node mounts")
+            "learner rank 0, or make rollout.weights_dir a directory that every node mounts"
+        )
 
 
 Spec = tuple[str, str, list[int]]  # a tensor's name, torch dtype name ("float32", "bfloat16", ...) and shape
 
-SAFETENSORS_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
-                      "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL"}
+SAFETENSORS_DTYPES = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+}
 
 
 def specs_of(state: Mapping[str, torch.Tensor]) -> list[Spec]:
@@ -62,7 +73,11 @@ def safetensors_header(specs: Sequence[Spec]) -> bytes:
     entries, offset = {}, 0
     for spec in specs:
         name, dtype, shape = spec
-        entries[name] = {"dtype": SAFETENSORS_DTYPES[dtype], "shape": shape, "data_offsets": [offset, offset + nbytes(spec)]}
+        entries[name] = {
+            "dtype": SAFETENSORS_DTYPES[dtype],
+            "shape": shape,
+            "data_offsets": [offset, offset + nbytes(spec)],
+        }
         offset += nbytes(spec)
     text = json.dumps(entries, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
@@ -191,7 +206,9 @@ def reading(path: str | Path) -> Iterator[str]:
         os.close(fd)
 
 
-def in_order(specs: Sequence[Spec], buckets: Iterable[Mapping[str, torch.Tensor]]) -> Iterator[tuple[int, torch.Tensor]]:
+def in_order(
+    specs: Sequence[Spec], buckets: Iterable[Mapping[str, torch.Tensor]]
+) -> Iterator[tuple[int, torch.Tensor]]:
     """(index in ``specs``, tensor as flat bytes) for each tensor of ``buckets``, checked against
     ``specs`` (name, dtype and shape, in order, none missing): a push's receivers lay the bytes
     out by ``specs`` alone."""
@@ -213,9 +230,9 @@ def _fill(mapped: mmap.mmap, specs: Sequence[Spec], buckets: Iterable[Mapping[st
     into a mapping of the file (a copy per tensor, no write call per page)."""
     header = safetensors_header(specs)
     buf = torch.frombuffer(mapped, dtype=torch.uint8)
-    buf[:len(header)] = torch.frombuffer(bytearray(header), dtype=torch.uint8)
+    buf[: len(header)] = torch.frombuffer(bytearray(header), dtype=torch.uint8)
     offset = len(header)
     for _, flat in in_order(specs, buckets):
-        buf[offset:offset + flat.numel()] = flat
+        buf[offset : offset + flat.numel()] = flat
         offset += flat.numel()
     mapped.flush()  # written back before the rename names it (a no-op in shared memory; a mount's page cache)

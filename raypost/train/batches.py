@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -71,7 +72,7 @@ def rank_slice(batch: dict[str, np.ndarray], rank: int, world: int) -> list[dict
 
 def micro_batches(rows: list[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
     for i in range(0, len(rows), size):
-        yield rows[i:i + size]
+        yield rows[i : i + size]
 
 
 def supervised_tokens(rows: Sequence[dict[str, Any]]) -> int:
@@ -87,6 +88,10 @@ def token_loss_sums(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.T
     """
     shift_logits = logits[:, :-1].float()
     shift_labels = labels[:, 1:]
-    loss = torch.nn.functional.cross_entropy(shift_logits.reshape(-1, shift_logits.size(-1)),
-                                             shift_labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+    loss = torch.nn.functional.cross_entropy(
+        shift_logits.reshape(-1, shift_logits.size(-1)),
+        shift_labels.reshape(-1),
+        ignore_index=IGNORE_INDEX,
+        reduction="sum",
+    )
     return loss, (shift_labels != IGNORE_INDEX).sum()

@@ -39,12 +39,18 @@ class ControllerState:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ControllerState":
+    def from_dict(cls, d: dict[str, Any]) -> ControllerState:
         return cls(**d)
 
 
-def save_and_report(engine: Any, state: ControllerState, metrics: dict[str, Any], rank: int,
-                    hf_export: Any = None, run_dir: str | Path | None = None) -> None:
+def save_and_report(
+    engine: Any,
+    state: ControllerState,
+    metrics: dict[str, Any],
+    rank: int,
+    hf_export: Any = None,
+    run_dir: str | Path | None = None,
+) -> None:
     """Every rank saves its DeepSpeed shard; rank 0 adds the controller state (and an HF
     export when ``hf_export`` is a callable taking a folder). Ray merges the folders. For a run
     stored at a URI, rank 0 first mirrors ``run_dir`` (its metrics and records) there: once Ray
@@ -90,8 +96,10 @@ def rewind_logs(run_dir: str | Path, step: int, phase: str) -> int:
     logs then say what the surviving model learned from, each sample once. Returns how many lines
     were dropped."""
     dropped = 0
-    for name, stale in ((SAMPLES_FILE, lambda r: r["step"] > step),
-                        ("metrics.jsonl", lambda r: r.get("phase") == phase and r["step"] > step)):
+    for name, stale in (
+        (SAMPLES_FILE, lambda r: r["step"] > step),
+        ("metrics.jsonl", lambda r: r.get("phase") == phase and r["step"] > step),
+    ):
         path = Path(run_dir) / name
         if not path.exists():
             continue
@@ -108,8 +116,13 @@ def rewind_on_start(run_dir: str | Path, state: ControllerState, phase: str) -> 
     worker group restarted before any checkpoint registered starts over), and say so."""
     dropped = rewind_logs(run_dir, state.step, phase)
     if state.step or dropped:
-        log.info("resumed at step %d (cursor %d, weight version %d); %d log lines after it rewound",
-                 state.step, state.cursor, state.weight_version, dropped)
+        log.info(
+            "resumed at step %d (cursor %d, weight version %d); %d log lines after it rewound",
+            state.step,
+            state.cursor,
+            state.weight_version,
+            dropped,
+        )
 
 
 def finished_checkpoint(run_dir: str | Path) -> Path | None:

@@ -6,7 +6,8 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -52,8 +53,16 @@ def prepare_model(path: str, cfg: ModelConfig, precision: str) -> torch.nn.Modul
         from peft import LoraConfig, get_peft_model
 
         lora = cfg.lora
-        model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                                 target_modules=lora.target_modules, task_type="CAUSAL_LM"))
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=lora.r,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                target_modules=lora.target_modules,
+                task_type="CAUSAL_LM",
+            ),
+        )
     return model
 
 
@@ -87,8 +96,9 @@ def init_distributed(backend: str | None = None, **kwargs: Any) -> None:
     deepspeed.init_distributed(dist_backend=backend or ("nccl" if torch.cuda.is_available() else "gloo"), **kwargs)
 
 
-def build_engine(model: torch.nn.Module, optim: OptimConfig, ds: DeepSpeedConfig, total_steps: int,
-                 world_size: int) -> Any:
+def build_engine(
+    model: torch.nn.Module, optim: OptimConfig, ds: DeepSpeedConfig, total_steps: int, world_size: int
+) -> Any:
     """deepspeed.initialize with torch AdamW and a transformers LR schedule (stepped by DeepSpeed)."""
     import deepspeed
     from transformers import get_scheduler
@@ -97,10 +107,12 @@ def build_engine(model: torch.nn.Module, optim: OptimConfig, ds: DeepSpeedConfig
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=optim.lr, betas=optim.betas, weight_decay=optim.weight_decay)
     name = {"cosine": "cosine", "linear": "linear", "constant": "constant_with_warmup"}[optim.scheduler]
-    scheduler = get_scheduler(name, optimizer, num_warmup_steps=int(optim.warmup_ratio * total_steps),
-                              num_training_steps=max(1, total_steps))
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                           config=deepspeed_config(ds, optim, world_size))
+    scheduler = get_scheduler(
+        name, optimizer, num_warmup_steps=int(optim.warmup_ratio * total_steps), num_training_steps=max(1, total_steps)
+    )
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(ds, optim, world_size)
+    )
     return engine
 
 
@@ -144,8 +156,16 @@ def full_state_dict(engine: Any, zero_stage: int) -> dict[str, torch.Tensor] | N
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
-def build_learner(cfg: Any, model_path: str, optim: OptimConfig, total_steps: int, world: int, local_world: int,
-                  load: Callable[[str, Any, str], torch.nn.Module] = prepare_model, rank: int = 0) -> tuple[Any, Any]:
+def build_learner(
+    cfg: Any,
+    model_path: str,
+    optim: OptimConfig,
+    total_steps: int,
+    world: int,
+    local_world: int,
+    load: Callable[[str, Any, str], torch.nn.Module] = prepare_model,
+    rank: int = 0,
+) -> tuple[Any, Any]:
     """Threads, seed, tokenizer and the DeepSpeed engine of one learner rank, under the process
     group already set up (Ray Train's, or any ``torch.distributed`` group: no Ray needed).
 
@@ -162,13 +182,23 @@ def build_learner(cfg: Any, model_path: str, optim: OptimConfig, total_steps: in
     t1 = time.perf_counter()
     engine = build_engine(model, optim, cfg.deepspeed, total_steps, world)
     if rank == 0:
-        log.info("learner ready: model loaded in %.1fs, DeepSpeed engine (ZeRO-%d, %d ranks) in %.1fs",
-                 t1 - t0, cfg.deepspeed.zero_stage, world, time.perf_counter() - t1)
+        log.info(
+            "learner ready: model loaded in %.1fs, DeepSpeed engine (ZeRO-%d, %d ranks) in %.1fs",
+            t1 - t0,
+            cfg.deepspeed.zero_stage,
+            world,
+            time.perf_counter() - t1,
+        )
     return tokenizer, engine
 
 
-def setup_learner(cfg: Any, model_path: str, optim: OptimConfig, total_steps: int,
-                  load: Callable[[str, Any, str], torch.nn.Module] = prepare_model) -> tuple[int, int, Any, Any]:
+def setup_learner(
+    cfg: Any,
+    model_path: str,
+    optim: OptimConfig,
+    total_steps: int,
+    load: Callable[[str, Any, str], torch.nn.Module] = prepare_model,
+) -> tuple[int, int, Any, Any]:
     """Inside a Ray Train worker: logging, then ``build_learner`` with the worker's ranks.
     Returns (rank, world size, tokenizer, engine)."""
     import ray.train
@@ -178,6 +208,7 @@ def setup_learner(cfg: Any, model_path: str, optim: OptimConfig, total_steps: in
     setup_logging()
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    tokenizer, engine = build_learner(cfg, model_path, optim, total_steps, world, ctx.get_local_world_size(), load,
-                                      rank)
+    tokenizer, engine = build_learner(
+        cfg, model_path, optim, total_steps, world, ctx.get_local_world_size(), load, rank
+    )
     return rank, world, tokenizer, engine

@@ -12,7 +12,8 @@ async differ only in eta: the learner and the loss are the same.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ray.train
 import torch
@@ -33,16 +34,23 @@ def _rollout_metrics(groups: list[G.Group]) -> dict[str, float]:
     samples = [s for g in groups for s in g.samples]
     rewards = torch.tensor([s.reward for s in samples])
     acc = [s.scores.get("accuracy") for s in samples if s.scores.get("accuracy") is not None]
-    per_reward = {f"score_{name}": sum(s.scores[name] for s in samples) / len(samples)
-                  for name in sorted({k for s in samples for k in s.scores})}
-    return {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
-            "accuracy": sum(acc) / len(acc) if acc else float("nan"), **per_reward,
-            "response_len": sum(len(s.completion_ids) for s in samples) / len(samples),
-            "truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples)}
+    per_reward = {
+        f"score_{name}": sum(s.scores[name] for s in samples) / len(samples)
+        for name in sorted({k for s in samples for k in s.scores})
+    }
+    return {
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std()),
+        "accuracy": sum(acc) / len(acc) if acc else float("nan"),
+        **per_reward,
+        "response_len": sum(len(s.completion_ids) for s in samples) / len(samples),
+        "truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
+    }
 
 
-def _batch(producer: RolloutProducer, cfg: GRPOConfig, state: checkpointing.ControllerState,
-           base_cursor: int) -> tuple[list[Sequence], dict]:
+def _batch(
+    producer: RolloutProducer, cfg: GRPOConfig, state: checkpointing.ControllerState, base_cursor: int
+) -> tuple[list[Sequence], dict]:
     """Rank 0: the next batch from the producer as sequences, with rollout and async metrics."""
     groups, wait_s = producer.take()
     state.cursor = base_cursor + producer.ctl.head
@@ -51,10 +59,16 @@ def _batch(producer: RolloutProducer, cfg: GRPOConfig, state: checkpointing.Cont
         s.stale = state.weight_version - s.version
     stale = torch.tensor([float(s.stale) for s in seqs])
     timing = [g.timing for g in groups]
-    return seqs, {**_rollout_metrics(groups), **producer.stats(), "learner_wait_s": wait_s,
-                  "generate_s": max(t["gen_end"] for t in timing) - min(t["gen_start"] for t in timing),
-                  "reward_s": max(t["reward_s"] for t in timing), "staleness_max": float(stale.max()),
-                  "staleness_p50": float(stale.quantile(0.5)), "staleness_p99": float(stale.quantile(0.99))}
+    return seqs, {
+        **_rollout_metrics(groups),
+        **producer.stats(),
+        "learner_wait_s": wait_s,
+        "generate_s": max(t["gen_end"] for t in timing) - min(t["gen_start"] for t in timing),
+        "reward_s": max(t["reward_s"] for t in timing),
+        "staleness_max": float(stale.max()),
+        "staleness_p50": float(stale.quantile(0.5)),
+        "staleness_p99": float(stale.quantile(0.99)),
+    }
 
 
 def _producer(cfg: GRPOConfig, state: checkpointing.ControllerState, config: dict) -> RolloutProducer:
@@ -66,10 +80,14 @@ def _producer(cfg: GRPOConfig, state: checkpointing.ControllerState, config: dic
     rows = iter(ray.train.get_dataset_shard("prompts").iter_rows())
     for _ in range(state.cursor):  # prompts consumed before the checkpoint
         next(rows)
-    controller = RolloutController(StalenessAdmission(cfg.async_rl.eta, cfg.algo.prompts_per_step),
-                                   G.dynamic_sampling(cfg.algo), version=state.weight_version)
-    client = RolloutClient("rollout", config["weights_dir"], cfg.rollout.max_attempts, chunk=1,
-                           transport=cfg.rollout.weight_transport)
+    controller = RolloutController(
+        StalenessAdmission(cfg.async_rl.eta, cfg.algo.prompts_per_step),
+        G.dynamic_sampling(cfg.algo),
+        version=state.weight_version,
+    )
+    client = RolloutClient(
+        "rollout", config["weights_dir"], cfg.rollout.max_attempts, chunk=1, transport=cfg.rollout.weight_transport
+    )
     return RolloutProducer(controller, client, serve.get_app_handle("reward"), lambda: next(rows), cfg.algo)
 
 
@@ -80,8 +98,11 @@ def _throughput(started: float) -> Callable[[list[Sequence], dict[str, float], f
 
     def extra(seqs: list[Sequence], metrics: dict[str, float], step_s: float) -> dict[str, float]:
         tokens, waited[0] = sum(s.completion_len for s in seqs), waited[0] + metrics["learner_wait_s"]
-        return {"gen_tokens_per_s": tokens / max(metrics["generate_s"], 1e-9), "trained_tokens_per_s": tokens / step_s,
-                "learner_wait_frac": waited[0] / (time.perf_counter() - started)}
+        return {
+            "gen_tokens_per_s": tokens / max(metrics["generate_s"], 1e-9),
+            "trained_tokens_per_s": tokens / step_s,
+            "learner_wait_frac": waited[0] / (time.perf_counter() - started),
+        }
 
     return extra
 
@@ -94,16 +115,24 @@ def grpo_loop(config: dict[str, Any]) -> None:
     optim = cfg.optim.model_copy(update={"grad_accum": config["grad_accum"]})
     rank, world, tok, engine = setup_learner(cfg, config["model_path"], optim, cfg.algo.steps)
     # The frozen reference: on the learner's device, in the learner's precision.
-    ref = (load_causal_lm(config["model_path"], cfg.deepspeed.precision).to(engine.device).eval()
-           if cfg.algo.beta > 0 else None)
+    ref = (
+        load_causal_lm(config["model_path"], cfg.deepspeed.precision).to(engine.device).eval()
+        if cfg.algo.beta > 0
+        else None
+    )
     state = checkpointing.restore(engine)
     producer = _producer(cfg, state, config) if rank == 0 else None
     base_cursor = state.cursor
     sampler = Sampler(
-        phase="grpo", label="grpo", steps=cfg.algo.steps,
+        phase="grpo",
+        label="grpo",
+        steps=cfg.algo.steps,
         shown=("reward_mean", "accuracy", "loss", "gen_tokens_per_s", "staleness_max", "step_s"),
         take=lambda st: _batch(producer, cfg, st, base_cursor),
         learn=lambda rows: step.learn(engine, ref, rows, cfg, tok.pad_token_id),
         extra=_throughput(time.perf_counter()),
-        start=lambda: producer.start(), advance=lambda v: producer.advance(v), stop=lambda: producer.stop())
+        start=lambda: producer.start(),
+        advance=lambda v: producer.advance(v),
+        stop=lambda: producer.stop(),
+    )
     run_steps(cfg, config, rank, world, engine, tok, state, sampler)

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from raypost.train import checkpointing
 from raypost.train.batches import rank_slice
@@ -52,8 +53,7 @@ class Learner:
     learn: Callable[[list[Any]], dict[str, float]]  # every rank, on its rows: one optimizer step
     # every rank, after the step (state.step already advanced): (state, metrics so far, the
     # step's start on perf_counter) -> more metrics
-    after: Callable[[checkpointing.ControllerState, dict[str, float], float], dict[str, float]] = \
-        lambda *_: {}
+    after: Callable[[checkpointing.ControllerState, dict[str, float], float], dict[str, float]] = lambda *_: {}
     shown: tuple[str, ...] | None = None  # metrics in the progress line, when present (None: all)
     every_step: bool = True  # log each step's metrics; else only at log_every steps and the last
     always: tuple[str, ...] = ()  # metrics logged at any step that has them (a held-out pass's)
@@ -79,8 +79,9 @@ def run_learner(learner: Learner, worker: Worker, state: checkpointing.Controlle
     """The loop, from the restored ``state`` to ``learner.steps`` (or ``stop_at``)."""
     if worker.rank == 0:
         checkpointing.rewind_on_start(worker.run_dir, state, learner.phase)
-    logger = MetricsLogger(worker.run_dir, worker.rank == 0, worker.run.wandb_mode, run_name=worker.run.name,
-                           config=worker.config)
+    logger = MetricsLogger(
+        worker.run_dir, worker.rank == 0, worker.run.wandb_mode, run_name=worker.run.name, config=worker.config
+    )
     progress = Progress(learner.steps, state.step, learner.label)
     try:
         learner.start()
@@ -109,8 +110,9 @@ def run_learner(learner: Learner, worker: Worker, state: checkpointing.Controlle
     logger.finish()
 
 
-def _log(logger: MetricsLogger, progress: Progress, learner: Learner, step: int, metrics: dict[str, Any],
-         log_every: int) -> None:
+def _log(
+    logger: MetricsLogger, progress: Progress, learner: Learner, step: int, metrics: dict[str, Any], log_every: int
+) -> None:
     line = step % log_every == 0 or step == learner.steps
     if learner.every_step or line:
         logger.log(metrics, step)
@@ -125,15 +127,22 @@ def _log(logger: MetricsLogger, progress: Progress, learner: Learner, step: int,
 
 
 def _checkpoint(worker: Worker, state: checkpointing.ControllerState, metrics: dict[str, Any], last: bool) -> None:
-    exporter = checkpointing.hf_exporter(worker.engine, worker.zero_stage, worker.tokenizer, worker.rank) \
-        if last else None
-    checkpointing.save_and_report(worker.engine, state, {"step": state.step, **metrics}, worker.rank, exporter,
-                                  worker.run_dir)
+    exporter = (
+        checkpointing.hf_exporter(worker.engine, worker.zero_stage, worker.tokenizer, worker.rank) if last else None
+    )
+    checkpointing.save_and_report(
+        worker.engine, state, {"step": state.step, **metrics}, worker.rank, exporter, worker.run_dir
+    )
 
 
-def take_from(batches: Iterable[dict[str, Any]], state: checkpointing.ControllerState, rank: int, world: int,
-              ids_of: Callable[[int, dict[str, Any]], list[str]],
-              first: Callable[[], None] = _nothing) -> Callable[[checkpointing.ControllerState], Taken | None]:
+def take_from(
+    batches: Iterable[dict[str, Any]],
+    state: checkpointing.ControllerState,
+    rank: int,
+    world: int,
+    ids_of: Callable[[int, dict[str, Any]], list[str]],
+    first: Callable[[], None] = _nothing,
+) -> Callable[[checkpointing.ControllerState], Taken | None]:
     """``take`` for a learner that reads one global order of batches (SFT, reward model): each
     batch is a global batch (numpy columns), the cursor counts the global batches consumed, so
     a restored run skips the first ``state.cursor`` of them; every rank keeps its rows

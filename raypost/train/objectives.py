@@ -3,8 +3,9 @@ the teacher's stored top-k (``data.teacher``) mixed with cross-entropy."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,8 +18,9 @@ from raypost.train.batches import supervised_tokens, token_loss_sums
 Objective = Callable[[torch.Tensor, dict[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor, dict[str, float]]]
 
 
-def cross_entropy(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor,
-                                                                                   dict[str, float]]:
+def cross_entropy(
+    logits: torch.Tensor, batch: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     loss, n = token_loss_sums(logits, batch["labels"])
     return loss, n, {}
 
@@ -29,8 +31,9 @@ class TeacherKD:
 
     params: KDParams
 
-    def __call__(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor,
-                                                                                       dict[str, float]]:
+    def __call__(
+        self, logits: torch.Tensor, batch: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         mask = kd_mask(batch, self.params.positions)
         student = logits[:, :-1][mask]
         ids, logp = batch["teacher_ids"][:, :-1][mask], batch["teacher_logprobs"][:, :-1][mask]

@@ -12,7 +12,8 @@ The losses (``distill.on_policy_loss``) are in ``train.steps.onpolicy``.
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import ray.train
 
@@ -32,23 +33,39 @@ def collect(ctx: dict[str, Any], cfg: DistillConfig, pushed: int) -> tuple[list[
     d = cfg.distill
     rows = [next(ctx["rows"]) for _ in range(d.prompts_per_step)]
     t0 = time.perf_counter()
-    outs = ctx["student"].generate([r["prompt_ids"] for r in rows], d.samples_per_prompt,
-                                   {"temperature": d.on_policy_temperature, "max_tokens": d.max_new_tokens})
+    outs = ctx["student"].generate(
+        [r["prompt_ids"] for r in rows],
+        d.samples_per_prompt,
+        {"temperature": d.on_policy_temperature, "max_tokens": d.max_new_tokens},
+    )
     t1 = time.perf_counter()
     for o in outs:
         check_served(o["version"], pushed, ctx["student"].weights_dir)
-    seqs = [Sequence(ids=list(r["prompt_ids"]) + list(c["token_ids"]), start=len(r["prompt_ids"]), old=c["logprobs"],
-                     sample_id=f"{r['id']}#{i}", train=len(c["token_ids"]) > 0, version=o["version"],
-                     correct=answers_match(c["text"], r["answer"], cfg.eval.extract))
-            for r, o in zip(rows, outs) for i, c in enumerate(o["completions"])]
+    seqs = [
+        Sequence(
+            ids=list(r["prompt_ids"]) + list(c["token_ids"]),
+            start=len(r["prompt_ids"]),
+            old=c["logprobs"],
+            sample_id=f"{r['id']}#{i}",
+            train=len(c["token_ids"]) > 0,
+            version=o["version"],
+            correct=answers_match(c["text"], r["answer"], cfg.eval.extract),
+        )
+        for r, o in zip(rows, outs)
+        for i, c in enumerate(o["completions"])
+    ]
     top_k = d.top_k if d.on_policy_loss == "gkd" else 0
     scores = ctx["teacher"].score.remote([s.ids for s in seqs], [s.start for s in seqs], top_k).result()
     for s, sc in zip(seqs, scores):
         s.teacher, s.top_ids, s.top_logprobs = sc["logprobs"], sc["top_ids"], sc["top_logprobs"]
     gen_tokens = sum(s.completion_len for s in seqs)
-    return seqs, {"generate_s": t1 - t0, "teacher_s": time.perf_counter() - t1,
-                  "gen_tokens_per_s": gen_tokens / max(t1 - t0, 1e-9), "response_len": gen_tokens / len(seqs),
-                  "sample_accuracy": sum(bool(s.correct) for s in seqs) / len(seqs)}
+    return seqs, {
+        "generate_s": t1 - t0,
+        "teacher_s": time.perf_counter() - t1,
+        "gen_tokens_per_s": gen_tokens / max(t1 - t0, 1e-9),
+        "response_len": gen_tokens / len(seqs),
+        "sample_accuracy": sum(bool(s.correct) for s in seqs) / len(seqs),
+    }
 
 
 def _controller(cfg: DistillConfig, state: checkpointing.ControllerState, config: dict) -> dict[str, Any]:
@@ -63,9 +80,16 @@ def _controller(cfg: DistillConfig, state: checkpointing.ControllerState, config
     rows = cycle()
     for _ in range(state.cursor):  # prompts consumed before the checkpoint
         next(rows)
-    return {"rows": rows, "teacher": serve.get_app_handle(config["teacher_app"]),
-            "student": RolloutClient(config["student_app"], config["weights_dir"], cfg.rollout.max_attempts,
-                                     transport=cfg.rollout.weight_transport)}
+    return {
+        "rows": rows,
+        "teacher": serve.get_app_handle(config["teacher_app"]),
+        "student": RolloutClient(
+            config["student_app"],
+            config["weights_dir"],
+            cfg.rollout.max_attempts,
+            transport=cfg.rollout.weight_transport,
+        ),
+    }
 
 
 def onpolicy_loop(config: dict[str, Any]) -> None:
@@ -82,8 +106,12 @@ def onpolicy_loop(config: dict[str, Any]) -> None:
         return collect(ctx, cfg, st.weight_version)
 
     sampler = Sampler(
-        phase="on_policy", label="on-policy distill", steps=d.on_policy_steps,
-        shown=("loss", "reverse_kl", "kd", "sample_accuracy", "gen_tokens_per_s", "step_s"), take=take,
+        phase="on_policy",
+        label="on-policy distill",
+        steps=d.on_policy_steps,
+        shown=("loss", "reverse_kl", "kd", "sample_accuracy", "gen_tokens_per_s", "step_s"),
+        take=take,
         learn=lambda rows: step.learn(engine, rows, cfg, tok.pad_token_id),
-        extra=lambda seqs, m, step_s: {"staleness_max": max(state.weight_version - 1 - s.version for s in seqs)})
+        extra=lambda seqs, m, step_s: {"staleness_max": max(state.weight_version - 1 - s.version for s in seqs)},
+    )
     run_steps(cfg, config, rank, world, engine, tok, state, sampler)

@@ -54,16 +54,35 @@ def rm_loop(config: dict[str, Any]) -> None:
     state = checkpointing.restore(engine)
     pad, micro, every = tok.pad_token_id, cfg.optim.micro_batch_size, cfg.train.eval_every
     batches = ray.train.get_dataset_shard("train").iter_batches(
-        batch_size=micro * cfg.optim.grad_accum * world, batch_format="numpy", drop_last=True)
+        batch_size=micro * cfg.optim.grad_accum * world, batch_format="numpy", drop_last=True
+    )
 
     def after(st: checkpointing.ControllerState, metrics: dict[str, float], t0: float) -> dict[str, float]:
         if st.step >= total or (every and st.step % every == 0):
             return {"eval_accuracy": eval_accuracy(engine, pad, rank, world, micro)}
         return {}
 
-    learner = Learner(phase="rm", label="rm", steps=total, take=take_from(batches, state, rank, world, _pair_ids),
-                      learn=lambda rows: {**train_step(engine, rows, cfg, pad), "lr": engine.get_lr()[0]},
-                      after=after, every_step=False, always=("eval_accuracy",),
-                      shown=("loss", "accuracy", "margin", "eval_accuracy", "step_s", "lr"))
-    run_learner(learner, Worker(rank=rank, engine=engine, tokenizer=tok, zero_stage=cfg.deepspeed.zero_stage,
-                                run_dir=config["run_dir"], run=cfg.run, config=config["cfg"]), state)
+    learner = Learner(
+        phase="rm",
+        label="rm",
+        steps=total,
+        take=take_from(batches, state, rank, world, _pair_ids),
+        learn=lambda rows: {**train_step(engine, rows, cfg, pad), "lr": engine.get_lr()[0]},
+        after=after,
+        every_step=False,
+        always=("eval_accuracy",),
+        shown=("loss", "accuracy", "margin", "eval_accuracy", "step_s", "lr"),
+    )
+    run_learner(
+        learner,
+        Worker(
+            rank=rank,
+            engine=engine,
+            tokenizer=tok,
+            zero_stage=cfg.deepspeed.zero_stage,
+            run_dir=config["run_dir"],
+            run=cfg.run,
+            config=config["cfg"],
+        ),
+        state,
+    )

@@ -12,8 +12,9 @@ step skeleton (``raypost.train.loop``). What they add (``Sampler``):
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from raypost.rl.records import Sequence
 from raypost.serve.channel import rollout_channel
@@ -40,8 +41,16 @@ class Sampler:
     stop: Callable[[], None] = _nothing  # rank 0, however the loop ends
 
 
-def run_steps(cfg: Any, config: dict[str, Any], rank: int, world: int, engine: Any, tok: Any,
-              state: checkpointing.ControllerState, sampler: Sampler) -> None:
+def run_steps(
+    cfg: Any,
+    config: dict[str, Any],
+    rank: int,
+    world: int,
+    engine: Any,
+    tok: Any,
+    state: checkpointing.ControllerState,
+    sampler: Sampler,
+) -> None:
     """The loop, from the restored ``state`` to ``sampler.steps`` (``config``: the Ray Train
     loop config, with run_dir and weights_dir; ``cfg``: the pipeline config)."""
     zero, bucket_mb = cfg.deepspeed.zero_stage, cfg.rollout.weight_bucket_mb
@@ -77,8 +86,24 @@ def run_steps(cfg: Any, config: dict[str, Any], rank: int, world: int, engine: A
         finally:
             chan.stop_serving()
 
-    learner = Learner(phase=sampler.phase, label=sampler.label, steps=sampler.steps, take=take, learn=sampler.learn,
-                      after=after, shown=sampler.shown, start=start, stop=stop)
-    worker = Worker(rank=rank, engine=engine, tokenizer=tok, zero_stage=zero, run_dir=config["run_dir"], run=cfg.run,
-                    config=config["cfg"])
+    learner = Learner(
+        phase=sampler.phase,
+        label=sampler.label,
+        steps=sampler.steps,
+        take=take,
+        learn=sampler.learn,
+        after=after,
+        shown=sampler.shown,
+        start=start,
+        stop=stop,
+    )
+    worker = Worker(
+        rank=rank,
+        engine=engine,
+        tokenizer=tok,
+        zero_stage=zero,
+        run_dir=config["run_dir"],
+        run=cfg.run,
+        config=config["cfg"],
+    )
     run_learner(learner, worker, state)

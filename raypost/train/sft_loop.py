@@ -80,8 +80,7 @@ def sft_loop(config: dict[str, Any]) -> None:
     pad, micro, every = tokenizer.pad_token_id, cfg.optim.micro_batch_size, cfg.train.eval_every
     window = _Window()
     shard = ray.train.get_dataset_shard("train")
-    batches = shard.iter_batches(batch_size=micro * cfg.optim.grad_accum * world, batch_format="numpy",
-                                 drop_last=True)
+    batches = shard.iter_batches(batch_size=micro * cfg.optim.grad_accum * world, batch_format="numpy", drop_last=True)
 
     def started() -> None:
         if rank == 0:
@@ -100,10 +99,28 @@ def sft_loop(config: dict[str, Any]) -> None:
             out["eval_loss"] = eval_loss(engine, pad, rank, world, micro)
         return out
 
-    learner = Learner(phase="sft", label="sft", steps=total, take=take_from(batches, state, rank, world, _packed_ids,
-                                                                            started),
-                      learn=learn, after=after, every_step=False, always=("eval_loss",),
-                      shown=("loss", "kd", "ce", "eval_loss", "tokens_per_s", "step_s", "lr"),
-                      stop_at=stop_at if stop_at < total else None)
-    run_learner(learner, Worker(rank=rank, engine=engine, tokenizer=tokenizer, zero_stage=cfg.deepspeed.zero_stage,
-                                run_dir=config["run_dir"], run=cfg.run, config=config["cfg"]), state)
+    learner = Learner(
+        phase="sft",
+        label="sft",
+        steps=total,
+        take=take_from(batches, state, rank, world, _packed_ids, started),
+        learn=learn,
+        after=after,
+        every_step=False,
+        always=("eval_loss",),
+        shown=("loss", "kd", "ce", "eval_loss", "tokens_per_s", "step_s", "lr"),
+        stop_at=stop_at if stop_at < total else None,
+    )
+    run_learner(
+        learner,
+        Worker(
+            rank=rank,
+            engine=engine,
+            tokenizer=tokenizer,
+            zero_stage=cfg.deepspeed.zero_stage,
+            run_dir=config["run_dir"],
+            run=cfg.run,
+            config=config["cfg"],
+        ),
+        state,
+    )

@@ -4,7 +4,8 @@ and the weights pushed to the replicas as a new version, bucket by bucket."""
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -14,8 +15,9 @@ from raypost.serve.weights import Spec, specs_of
 from raypost.train.collectives import barrier
 
 
-def push_weights(engine: Any, zero_stage: int, version: int, chan: WeightChannel, rank: int,
-                 bucket_mb: int = 64) -> float:
+def push_weights(
+    engine: Any, zero_stage: int, version: int, chan: WeightChannel, rank: int, bucket_mb: int = 64
+) -> float:
     """Publish the policy's weights as ``version`` (rank 0 publishes; every rank must call: under
     ZeRO-3 all ranks gather each bucket together). Returns seconds."""
     t0 = time.perf_counter()
@@ -29,8 +31,9 @@ def push_weights(engine: Any, zero_stage: int, version: int, chan: WeightChannel
     return time.perf_counter() - t0
 
 
-def weight_buckets(engine: Any, zero_stage: int,
-                   bucket_bytes: int) -> tuple[list[Spec], Iterator[dict[str, torch.Tensor]]]:
+def weight_buckets(
+    engine: Any, zero_stage: int, bucket_bytes: int
+) -> tuple[list[Spec], Iterator[dict[str, torch.Tensor]]]:
     """The weights a replica serves, as (specs, buckets): CPU copies of at most ``bucket_bytes``
     each (a larger tensor is a bucket of its own), made one bucket at a time as they are consumed.
 
@@ -82,4 +85,3 @@ def _gathered(params: list[tuple[str, Any]], bucket_bytes: int) -> Iterator[dict
         with deepspeed.zero.GatheredParameters([p for _, p in group], modifier_rank=None):
             bucket = _copied(group) if rank0 else {}
         yield bucket  # the gathered parameters are released before the bucket is passed on
-

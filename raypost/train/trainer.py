@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import ray.data
 import ray.train
@@ -33,9 +34,15 @@ def learner_request(res: ResourcesConfig) -> dict[str, float]:
     return {k: v * res.num_workers for k, v in worker_resources(res).items()}
 
 
-def fit(loop: Callable[[dict[str, Any]], None], loop_config: dict[str, Any], res: ResourcesConfig,
-        run: RunConfig, datasets: dict[str, ray.data.Dataset], name: str | None = None,
-        report_to_tune: bool = True) -> ray.train.Result:
+def fit(
+    loop: Callable[[dict[str, Any]], None],
+    loop_config: dict[str, Any],
+    res: ResourcesConfig,
+    run: RunConfig,
+    datasets: dict[str, ray.data.Dataset],
+    name: str | None = None,
+    report_to_tune: bool = True,
+) -> ray.train.Result:
     """TorchTrainer.fit(); re-running with the same run name and storage resumes.
 
     Datasets are not split: every worker reads the same deterministic order and takes its
@@ -56,17 +63,23 @@ def fit(loop: Callable[[dict[str, Any]], None], loop_config: dict[str, Any], res
     trainer = TorchTrainer(
         loop,
         train_loop_config=loop_config,
-        scaling_config=ray.train.ScalingConfig(num_workers=res.num_workers, use_gpu=res.gpus_per_worker > 0,
-                                               resources_per_worker=worker_resources(res)),
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=res.num_workers, use_gpu=res.gpus_per_worker > 0, resources_per_worker=worker_resources(res)
+        ),
         run_config=ray.train.RunConfig(
-            name=name or run.name, **storage.ray_storage(root),
+            name=name or run.name,
+            **storage.ray_storage(root),
             failure_config=ray.train.FailureConfig(max_failures=run.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=run.keep_checkpoints),
-            callbacks=callbacks, worker_runtime_env=jemalloc_env(res.jemalloc)),
+            callbacks=callbacks,
+            worker_runtime_env=jemalloc_env(res.jemalloc),
+        ),
         datasets=datasets,
         dataset_config=ray.train.DataConfig(datasets_to_split=[], execution_options=opts),
         torch_config=TorchConfig(backend="nccl" if res.gpus_per_worker > 0 else "gloo"),
     )
     result = trainer.fit()
     # At a URI, the checkpoint the run ended with comes into the working copy: the next phase reads it.
-    return dataclasses.replace(result, checkpoint=storage.local_checkpoint(result.checkpoint, root / (name or run.name)))
+    return dataclasses.replace(
+        result, checkpoint=storage.local_checkpoint(result.checkpoint, root / (name or run.name))
+    )

@@ -30,10 +30,17 @@ def trial_rows(results: Any, space: SpaceFile) -> list[dict[str, Any]]:
             state = "completed"
         else:
             state = "stopped early"
-        rows.append({"trial": metrics.get("trial_id", Path(r.path).name),
-                     "config": {k: r.config.get(k) for k in space.params},
-                     space.metric: metrics.get(space.metric), "iterations": metrics.get("training_iteration", 0),
-                     "state": state, "checkpoint_path": ckpt, "metrics_dataframe": r.metrics_dataframe})
+        rows.append(
+            {
+                "trial": metrics.get("trial_id", Path(r.path).name),
+                "config": {k: r.config.get(k) for k in space.params},
+                space.metric: metrics.get(space.metric),
+                "iterations": metrics.get("training_iteration", 0),
+                "state": state,
+                "checkpoint_path": ckpt,
+                "metrics_dataframe": r.metrics_dataframe,
+            }
+        )
     return rows
 
 
@@ -61,9 +68,11 @@ def write_best(best: dict[str, Any], sweep_dir: Path, space: SpaceFile) -> dict[
     trial_cfg = yaml.safe_load((sweep_dir / "trials" / best["trial"] / "config.yaml").read_text())
     trial_cfg["run"].update(name=f"{sweep_dir.name}-best", storage_path=str(sweep_dir.parent))
     config_path = sweep_dir / "best_config.yaml"
-    config_path.write_text(f"# best trial {best['trial']} of {sweep_dir.name}: {space.metric} = "
-                           f"{best[space.metric]:.6g}\n# python pipelines/{space.pipeline}.py --config {config_path}\n"
-                           + yaml.safe_dump(trial_cfg, sort_keys=False))
+    config_path.write_text(
+        f"# best trial {best['trial']} of {sweep_dir.name}: {space.metric} = "
+        f"{best[space.metric]:.6g}\n# python pipelines/{space.pipeline}.py --config {config_path}\n"
+        + yaml.safe_dump(trial_cfg, sort_keys=False)
+    )
     model_dir = sweep_dir / "best_model"
     shutil.rmtree(model_dir, ignore_errors=True)
     shutil.copytree(Path(best["checkpoint_path"]) / HF_DIR, model_dir)
@@ -96,9 +105,16 @@ def write_outputs(results: Any, space: SpaceFile, sweep_dir: Path) -> dict[str, 
     best = best_row(rows, space)
     paths = write_best(best, sweep_dir, space)
     plot(rows, space, sweep_dir / "metric.png")
-    out = {"metric": space.metric, "mode": space.mode, "best_trial": best["trial"], "best_metric": best[space.metric],
-           "best_config": paths["config"], "best_model": paths["model"], "plot": str(sweep_dir / "metric.png"),
-           "trials": [{k: v for k, v in r.items() if k != "metrics_dataframe"} for r in rows]}
+    out = {
+        "metric": space.metric,
+        "mode": space.mode,
+        "best_trial": best["trial"],
+        "best_metric": best[space.metric],
+        "best_config": paths["config"],
+        "best_model": paths["model"],
+        "plot": str(sweep_dir / "metric.png"),
+        "trials": [{k: v for k, v in r.items() if k != "metrics_dataframe"} for r in rows],
+    }
     (sweep_dir / "results.json").write_text(json.dumps(out, indent=2, default=str))
     out["table"] = format_table(rows, space)
     return out

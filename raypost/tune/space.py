@@ -27,17 +27,9 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from raypost.config.base import ConfigError, StrictModel, build, deep_merge, load_yaml, section_model, set_dotted
-from raypost.config.registry import config_class
+from raypost.pipelines import registry
 
 DISTRIBUTIONS = ("loguniform", "uniform", "choice", "grid", "randint", "qloguniform")
-# What a PBT trial may change when it restarts from another trial's checkpoint, per pipeline:
-# the optimizer's lr and weight decay, and (offline KD) the loss's divergence parameters, which
-# every segment sends to the learner afresh. The batch shape and the schedule's length are
-# fixed by the checkpoint's data cursor and step.
-PBT_MUTABLE: dict[str, tuple[str, ...]] = {
-    "sft": ("optim.lr", "optim.weight_decay"),
-    "distill": ("optim.lr", "optim.weight_decay", "distill.beta", "distill.temperature", "distill.kd_weight"),
-}
 
 
 class Distribution(StrictModel):
@@ -62,7 +54,7 @@ class Distribution(StrictModel):
         return data
 
     @model_validator(mode="after")
-    def _one_kind(self) -> "Distribution":
+    def _one_kind(self) -> Distribution:
         set_ = [k for k in DISTRIBUTIONS if getattr(self, k) is not None]
         if len(set_) != 1:
             raise ValueError(f"give exactly one of {', '.join(DISTRIBUTIONS)}; got {set_ or 'none'}")
@@ -94,9 +86,14 @@ class Distribution(StrictModel):
         from ray import tune
 
         v = getattr(self, self.kind)
-        return {"loguniform": lambda: tune.loguniform(*v), "uniform": lambda: tune.uniform(*v),
-                "choice": lambda: tune.choice(v), "grid": lambda: tune.grid_search(v),
-                "randint": lambda: tune.randint(*v), "qloguniform": lambda: tune.qloguniform(*v)}[self.kind]()
+        return {
+            "loguniform": lambda: tune.loguniform(*v),
+            "uniform": lambda: tune.uniform(*v),
+            "choice": lambda: tune.choice(v),
+            "grid": lambda: tune.grid_search(v),
+            "randint": lambda: tune.randint(*v),
+            "qloguniform": lambda: tune.qloguniform(*v),
+        }[self.kind]()
 
 
 class SchedulerSpec(StrictModel):
@@ -108,11 +105,15 @@ class SchedulerSpec(StrictModel):
     reduction_factor: float = Field(2.0, ge=1.1, le=100.0, description="ASHA/HyperBand halving rate.")
     perturbation_interval: int = Field(2, ge=1, le=1_000_000, description="PBT: reports between exploit/explore.")
     quantile_fraction: float = Field(0.25, gt=0.0, le=0.5, description="PBT: bottom fraction that copies the top.")
-    resample_probability: float = Field(0.25, ge=0.0, le=1.0, description="PBT: chance to resample instead of "
-                                                                           "perturbing a value by 0.8x/1.2x.")
-    synch: bool = Field(False, description="PBT: synchronous, as in the paper: a trial that reaches a perturbation "
-                                           "point waits (paused, from its checkpoint) until every trial has, so "
-                                           "trials that run at different speeds still compare at equal steps.")
+    resample_probability: float = Field(
+        0.25, ge=0.0, le=1.0, description="PBT: chance to resample instead of perturbing a value by 0.8x/1.2x."
+    )
+    synch: bool = Field(
+        False,
+        description="PBT: synchronous, as in the paper: a trial that reaches a perturbation "
+        "point waits (paused, from its checkpoint) until every trial has, so "
+        "trials that run at different speeds still compare at equal steps.",
+    )
 
 
 class SearchSpec(StrictModel):
@@ -125,7 +126,7 @@ class SearchSpec(StrictModel):
 class SpaceFile(StrictModel):
     """One ``tune_spaces/*.yaml`` file."""
 
-    pipeline: Literal["sft", "grpo", "distill"] = Field(..., description="Pipeline whose config the params override.")
+    pipeline: str = Field(..., description="Registered pipeline (``raypost --help``) whose config the params override.")
     metric: str = Field(..., min_length=1, description="Reported metric to optimize (e.g. eval_loss, reward_mean).")
     mode: Literal["min", "max"] = Field(..., description="Minimize or maximize the metric.")
     num_samples: int = Field(4, ge=1, le=100_000, description="Trials (grid: repeats of the whole grid).")
@@ -137,22 +138,29 @@ class SpaceFile(StrictModel):
     params: dict[str, Distribution] = Field(..., min_length=1, description="Dotted config key -> distribution.")
 
     @model_validator(mode="after")
-    def _pbt_mutates_what_resume_can_change(self) -> "SpaceFile":
+    def _tunable_pipeline(self) -> SpaceFile:
+        if self.pipeline not in registry.tunable():
+            raise ValueError(f"pipeline '{self.pipeline}' has no Tune trial; tunable: {', '.join(registry.tunable())}")
+        return self
+
+    @model_validator(mode="after")
+    def _pbt_mutates_what_resume_can_change(self) -> SpaceFile:
         if self.scheduler.type != "pbt":
             return self
-        if self.pipeline not in PBT_MUTABLE:
-            raise ValueError(f"scheduler pbt runs sft and distill (offline_kd) sweeps, whose trials resume each "
-                             f"other's learner checkpoints; use asha or hyperband for {self.pipeline}")
-        distill = self.base.get("distill")
-        mode = distill.get("mode", "offline_kd") if isinstance(distill, dict) else "offline_kd"
-        if self.pipeline == "distill" and mode != "offline_kd":
-            raise ValueError(f"scheduler pbt distills in mode offline_kd only (base distill.mode is {mode}); "
-                             f"use asha or hyperband for {mode}")
-        mutable = PBT_MUTABLE[self.pipeline]
-        fixed = [k for k in self.params if k not in mutable]
+        pbt = registry.get(self.pipeline).pbt
+        if pbt is None:
+            raise ValueError(
+                f"scheduler pbt runs pipelines whose trials resume each other's learner checkpoints "
+                f"({', '.join(n for n in registry.tunable() if registry.get(n).pbt)}); use asha or "
+                f"hyperband for {self.pipeline}"
+            )
+        pbt.check(self.base)
+        fixed = [k for k in self.params if k not in pbt.mutable]
         if fixed:
-            raise ValueError(f"scheduler pbt can only change {', '.join(mutable)} when a trial restarts from "
-                             f"another's checkpoint; move {', '.join(fixed)} to base")
+            raise ValueError(
+                f"scheduler pbt can only change {', '.join(pbt.mutable)} when a trial restarts from "
+                f"another's checkpoint; move {', '.join(fixed)} to base"
+            )
         if self.search.type not in ("random", "grid"):
             raise ValueError("scheduler pbt draws its first configs itself; use search: random")
         return self
@@ -167,15 +175,19 @@ def leaf_field(model: type[StrictModel], dotted: str) -> None:
         if part not in fields:
             close = difflib.get_close_matches(part, sorted(fields), n=1, cutoff=0.5)
             where = ".".join(parts[:i] + [part])
-            hint = f"did you mean '{'.'.join(parts[:i] + [close[0]])}'?" if close else \
-                f"valid keys here: {', '.join(sorted(fields))}"
+            hint = (
+                f"did you mean '{'.'.join(parts[:i] + [close[0]])}'?"
+                if close
+                else f"valid keys here: {', '.join(sorted(fields))}"
+            )
             raise ConfigError(f"tune space: unknown config key '{where}': {hint}")
         node = section_model(fields[part].annotation)
         if node is None and i < len(parts) - 1:
-            raise ConfigError(f"tune space: '{'.'.join(parts[:i + 1])}' is a value, not a section")
+            raise ConfigError(f"tune space: '{'.'.join(parts[: i + 1])}' is a value, not a section")
     if node is not None and node is not model:
-        raise ConfigError(f"tune space: '{dotted}' is a section; name one of its keys "
-                          f"({', '.join(sorted(node.model_fields))})")
+        raise ConfigError(
+            f"tune space: '{dotted}' is a section; name one of its keys ({', '.join(sorted(node.model_fields))})"
+        )
 
 
 def nested(flat: dict[str, Any]) -> dict[str, Any]:
@@ -188,7 +200,7 @@ def nested(flat: dict[str, Any]) -> dict[str, Any]:
 
 def trial_config(space: SpaceFile, params: dict[str, Any]) -> StrictModel:
     """The pipeline config of one trial: space.base with the sampled params on top."""
-    return build(config_class(space.pipeline), deep_merge(space.base, nested(params)))
+    return build(registry.config_class(space.pipeline), deep_merge(space.base, nested(params)))
 
 
 def load_space(path: str | Path) -> SpaceFile:
@@ -199,7 +211,7 @@ def load_space(path: str | Path) -> SpaceFile:
         space = build(SpaceFile, raw)
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
-    model = config_class(space.pipeline)
+    model = registry.config_class(space.pipeline)
     for key, dist in space.params.items():
         leaf_field(model, key)
         for value in dist.samples():
@@ -208,6 +220,7 @@ def load_space(path: str | Path) -> SpaceFile:
             try:
                 trial_config(space, {key: value})
             except ConfigError as err:
-                raise ConfigError(f"{path}: params.{key} = {value!r} is rejected by the {space.pipeline} "
-                                  f"config: {err}") from None
+                raise ConfigError(
+                    f"{path}: params.{key} = {value!r} is rejected by the {space.pipeline} config: {err}"
+                ) from None
     return space

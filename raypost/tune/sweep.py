@@ -9,27 +9,21 @@ from pathlib import Path
 from typing import Any
 
 from raypost.config import ConfigError
+from raypost.pipelines import registry
 from raypost.tune.space import Distribution, SpaceFile, trial_config
 
 log = logging.getLogger("raypost")
 
 
 def trial_resources(space: SpaceFile) -> dict[str, float]:
-    """Resources one running trial holds: its function actor, the learner, and (GRPO) the
-    Serve replicas. The largest over every value the space can set."""
-    from raypost.phases.distill import peak_request
-    from raypost.phases.grpo import placement_requests
-    from raypost.train.trainer import learner_request
-
+    """Resources one running trial holds: its function actor and what its pipeline requests
+    (the learner, and for GRPO the Serve replicas). The largest over every value the space can set."""
+    requests = registry.get(space.pipeline).requests
     variants = [{}] + [{k: v} for k, d in space.params.items() for v in d.samples()]
     need: dict[str, float] = {"CPU": 0.0}
     for params in variants:
-        cfg = trial_config(space, params)
-        parts = (placement_requests(cfg) if space.pipeline == "grpo" else
-                 {"learner or teacher": peak_request(cfg)} if space.pipeline == "distill" else
-                 {"learner": learner_request(cfg.resources)})
         req = {"CPU": space.cpus_per_trial_driver}
-        for part in parts.values():
+        for part in requests(trial_config(space, params)).values():
             for key, amount in part.items():
                 req[key] = req.get(key, 0.0) + amount
         for key, amount in req.items():
@@ -38,18 +32,8 @@ def trial_resources(space: SpaceFile) -> dict[str, float]:
 
 
 def check_metric_cadence(space: SpaceFile) -> None:
-    """Every report (one per checkpoint) must carry the metric: the SFT learner (SFT and the
-    distillation student) computes eval_loss every train.eval_every steps, so checkpoints must
-    fall on those steps."""
-    if space.pipeline not in ("sft", "distill") or space.metric != "eval_loss":
-        return
-    cfg = trial_config(space, {})
-    if not cfg.train.eval_loss:
-        raise ConfigError("metric eval_loss needs the eval-loss passes: set base.train.eval_loss to true")
-    every, ckpt = cfg.train.eval_every, cfg.run.checkpoint_every
-    if every is None or ckpt % every:
-        raise ConfigError(f"metric eval_loss is reported with each checkpoint, so base.run.checkpoint_every ({ckpt}) "
-                          f"must be a multiple of base.train.eval_every ({every}); set both, e.g. to 10")
+    """Every report (one per checkpoint) must carry the metric; the pipeline's check says how."""
+    registry.get(space.pipeline).check_metric(trial_config(space, {}), space.metric)
 
 
 def check_sweep(space: SpaceFile) -> None:
@@ -58,12 +42,13 @@ def check_sweep(space: SpaceFile) -> None:
     from raypost.utils.cluster import check_resources
 
     check_metric_cadence(space)
-    if space.pipeline == "grpo" and space.max_concurrent_trials > 1:
-        raise ConfigError("grpo sweeps run one trial at a time (each trial owns the 'rollout' and 'reward' "
-                          "Serve apps); set max_concurrent_trials: 1")
+    if not registry.get(space.pipeline).concurrent_trials and space.max_concurrent_trials > 1:
+        raise ConfigError(
+            f"{space.pipeline} sweeps run one trial at a time (each trial owns cluster-wide state "
+            f"such as its Serve apps); set max_concurrent_trials: 1"
+        )
     per_trial = trial_resources(space)
-    check_resources({f"trial {i + 1} of max_concurrent_trials": per_trial
-                     for i in range(space.max_concurrent_trials)})
+    check_resources({f"trial {i + 1} of max_concurrent_trials": per_trial for i in range(space.max_concurrent_trials)})
 
 
 def pbt_mutation(dist: Distribution) -> Any:
@@ -83,13 +68,21 @@ def scheduler(space: SpaceFile) -> Any:
 
     s = space.scheduler
     if s.type == "pbt":
-        return PopulationBasedTraining(time_attr="training_iteration", perturbation_interval=s.perturbation_interval,
-                                       hyperparam_mutations={k: pbt_mutation(d) for k, d in space.params.items()},
-                                       quantile_fraction=s.quantile_fraction,
-                                       resample_probability=s.resample_probability, synch=s.synch)
+        return PopulationBasedTraining(
+            time_attr="training_iteration",
+            perturbation_interval=s.perturbation_interval,
+            hyperparam_mutations={k: pbt_mutation(d) for k, d in space.params.items()},
+            quantile_fraction=s.quantile_fraction,
+            resample_probability=s.resample_probability,
+            synch=s.synch,
+        )
     if s.type == "asha":
-        return ASHAScheduler(time_attr="training_iteration", max_t=s.max_t, grace_period=s.grace_period,
-                             reduction_factor=s.reduction_factor)
+        return ASHAScheduler(
+            time_attr="training_iteration",
+            max_t=s.max_t,
+            grace_period=s.grace_period,
+            reduction_factor=s.reduction_factor,
+        )
     if s.type == "hyperband":
         return HyperBandScheduler(time_attr="training_iteration", max_t=s.max_t, reduction_factor=s.reduction_factor)
     return FIFOScheduler()
@@ -121,9 +114,14 @@ def search_alg(space: SpaceFile) -> Any:
 
 def param_space(space: SpaceFile) -> dict[str, Any]:
     grid = space.search.type == "grid"
-    return {key: (dist.model_copy(update={"choice": None, "grid": dist.choice}).to_tune()
-                  if grid and dist.kind == "choice" else dist.to_tune())
-            for key, dist in space.params.items()}
+    return {
+        key: (
+            dist.model_copy(update={"choice": None, "grid": dist.choice}).to_tune()
+            if grid and dist.kind == "choice"
+            else dist.to_tune()
+        )
+        for key, dist in space.params.items()
+    }
 
 
 def run_sweep(space: SpaceFile, sweep_dir: Path) -> Any:
@@ -135,15 +133,23 @@ def run_sweep(space: SpaceFile, sweep_dir: Path) -> Any:
 
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, space=space.model_dump(mode="json"), sweep_dir=str(sweep_dir)),
-        {"CPU": space.cpus_per_trial_driver})
+        {"CPU": space.cpus_per_trial_driver},
+    )
     if tune.Tuner.can_restore(str(sweep_dir)):
         log.info("restoring the sweep in %s", sweep_dir)
         tuner = tune.Tuner.restore(str(sweep_dir), trainable=trainable, resume_errored=True)
     else:
         tuner = tune.Tuner(
-            trainable, param_space=param_space(space),
-            tune_config=tune.TuneConfig(metric=space.metric, mode=space.mode, scheduler=scheduler(space),
-                                        search_alg=search_alg(space), num_samples=space.num_samples,
-                                        max_concurrent_trials=space.max_concurrent_trials),
-            run_config=tune.RunConfig(name=sweep_dir.name, storage_path=str(sweep_dir.parent), verbose=1))
+            trainable,
+            param_space=param_space(space),
+            tune_config=tune.TuneConfig(
+                metric=space.metric,
+                mode=space.mode,
+                scheduler=scheduler(space),
+                search_alg=search_alg(space),
+                num_samples=space.num_samples,
+                max_concurrent_trials=space.max_concurrent_trials,
+            ),
+            run_config=tune.RunConfig(name=sweep_dir.name, storage_path=str(sweep_dir.parent), verbose=1),
+        )
     return tuner.fit()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import ray
 
@@ -25,8 +26,11 @@ def init_ray(address: str | None = None) -> None:
     addr = address or os.environ.get("RAY_ADDRESS")
     # A local cluster stays on loopback (Ray would otherwise pick the first NIC's address). Its
     # dashboard serves the State API, which Ray Train's placement-group cleaner polls every second.
-    kwargs = ({"include_dashboard": True, "dashboard_host": "127.0.0.1", "_node_ip_address": "127.0.0.1"}
-              if addr is None else {})
+    kwargs = (
+        {"include_dashboard": True, "dashboard_host": "127.0.0.1", "_node_ip_address": "127.0.0.1"}
+        if addr is None
+        else {}
+    )
     ray.init(address=addr, log_to_driver=True, **kwargs)
 
 
@@ -62,14 +66,19 @@ def check_resources(requests: Mapping[str, Mapping[str, float]]) -> None:
     for key, need in total.items():
         if need > have.get(key, 0.0) + 1e-9:
             detail = ", ".join(f"{label} {req.get(key, 0):g}" for label, req in requests.items() if req.get(key))
-            raise ResourceError(f"placement needs {need:g} {key} ({detail}) but the cluster has "
-                                f"{have.get(key, 0.0):g}; lower those settings or add nodes")
+            raise ResourceError(
+                f"placement needs {need:g} {key} ({detail}) but the cluster has "
+                f"{have.get(key, 0.0):g}; lower those settings or add nodes"
+            )
 
 
 def nodes_that_fit(request: Mapping[str, float]) -> set[str]:
     """Ids of the alive nodes whose total resources could hold ``request`` (one actor or worker)."""
-    return {n["NodeID"] for n in ray.nodes()
-            if n["Alive"] and all(n["Resources"].get(k, 0.0) >= v - 1e-9 for k, v in request.items() if v)}
+    return {
+        n["NodeID"]
+        for n in ray.nodes()
+        if n["Alive"] and all(n["Resources"].get(k, 0.0) >= v - 1e-9 for k, v in request.items() if v)
+    }
 
 
 def check_one_node(request: Mapping[str, float], what: str) -> None:
@@ -77,8 +86,9 @@ def check_one_node(request: Mapping[str, float], what: str) -> None:
     one replica (with all its tensor-parallel GPUs) runs on one node. ``what`` names the settings."""
     if not nodes_that_fit(request):
         shown = {k: v for k, v in request.items() if v}
-        raise ResourceError(f"no node of this cluster has {shown} for one {what}; lower those settings or add a "
-                            "node that large")
+        raise ResourceError(
+            f"no node of this cluster has {shown} for one {what}; lower those settings or add a node that large"
+        )
 
 
 def check_same_node_possible(learner: Mapping[str, float], replica: Mapping[str, float], why: str) -> None:
@@ -86,8 +96,9 @@ def check_same_node_possible(learner: Mapping[str, float], replica: Mapping[str,
     says what needs them together and how to avoid it."""
     if not nodes_that_fit(learner) & nodes_that_fit(replica):
         shown = [{k: v for k, v in r.items() if v} for r in (learner, replica)]
-        raise ResourceError(f"no node can hold both a learner worker ({shown[0]}) and a rollout replica "
-                            f"({shown[1]}): {why}")
+        raise ResourceError(
+            f"no node can hold both a learner worker ({shown[0]}) and a rollout replica ({shown[1]}): {why}"
+        )
 
 
 def actor_table(job_id: str | None = None) -> list[dict[str, Any]]:
@@ -105,13 +116,24 @@ def actor_table(job_id: str | None = None) -> list[dict[str, Any]]:
         reason = actor.death_cause.actor_died_error_context.reason
         restarts = actor.num_restarts - actor.num_restarts_due_to_node_preemption
         dead = actor.state == gcs_pb2.ActorTableData.DEAD
-        rows.append({"actor_id": actor.actor_id.hex(), "class_name": actor.class_name, "job_id": actor.job_id.hex(),
-                     "state": gcs_pb2.ActorTableData.ActorState.Name(actor.state),
-                     "death_reason": common_pb2.ActorDiedErrorContext.Reason.Name(reason) if dead else None,
-                     "max_restarts": actor.max_restarts, "num_restarts": actor.num_restarts,
-                     "restartable": dead and reason == common_pb2.ActorDiedErrorContext.OUT_OF_SCOPE
-                     and (actor.max_restarts == -1 or restarts < actor.max_restarts
-                          or (actor.max_restarts > 0 and actor.preempted))})
+        rows.append(
+            {
+                "actor_id": actor.actor_id.hex(),
+                "class_name": actor.class_name,
+                "job_id": actor.job_id.hex(),
+                "state": gcs_pb2.ActorTableData.ActorState.Name(actor.state),
+                "death_reason": common_pb2.ActorDiedErrorContext.Reason.Name(reason) if dead else None,
+                "max_restarts": actor.max_restarts,
+                "num_restarts": actor.num_restarts,
+                "restartable": dead
+                and reason == common_pb2.ActorDiedErrorContext.OUT_OF_SCOPE
+                and (
+                    actor.max_restarts == -1
+                    or restarts < actor.max_restarts
+                    or (actor.max_restarts > 0 and actor.preempted)
+                ),
+            }
+        )
     return rows
 
 

@@ -61,19 +61,43 @@ class LocalHead:
 
     def env(self) -> dict[str, str]:
         """Environment for clients of this head (drivers, ``ray job submit``)."""
-        return {**os.environ, "RAY_ADDRESS": self.address, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token"),
-                "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+        return {
+            **os.environ,
+            "RAY_ADDRESS": self.address,
+            "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token"),
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        }
 
     def command(self) -> list[str]:
         ray_bin = str(Path(sys.executable).with_name("ray"))
-        return [ray_bin, "start", "--head", *(["--block"] if self.block else []), "--node-ip-address", "127.0.0.1",
-                "--port", str(self.gcs_port), "--num-cpus", str(self.num_cpus), "--temp-dir", self.temp_dir,
-                "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
-                "--dashboard-port", str(self.dashboard_port), "--disable-usage-stats",
-                # Ports that otherwise default to fixed numbers (10001, 52365) and clash between heads.
-                "--ray-client-server-port", str(free_port()), "--dashboard-agent-listen-port", str(free_port())]
+        return [
+            ray_bin,
+            "start",
+            "--head",
+            *(["--block"] if self.block else []),
+            "--node-ip-address",
+            "127.0.0.1",
+            "--port",
+            str(self.gcs_port),
+            "--num-cpus",
+            str(self.num_cpus),
+            "--temp-dir",
+            self.temp_dir,
+            "--include-dashboard",
+            "true",
+            "--dashboard-host",
+            "127.0.0.1",
+            "--dashboard-port",
+            str(self.dashboard_port),
+            "--disable-usage-stats",
+            # Ports that otherwise default to fixed numbers (10001, 52365) and clash between heads.
+            "--ray-client-server-port",
+            str(free_port()),
+            "--dashboard-agent-listen-port",
+            str(free_port()),
+        ]
 
-    def start(self, timeout: float = 120.0) -> "LocalHead":
+    def start(self, timeout: float = 120.0) -> LocalHead:
         env = self.env()
         env.pop("RAY_ADDRESS")
         if self.redis_address:
@@ -81,8 +105,9 @@ class LocalHead:
         log = Path(self.temp_dir) / "ray_start.log"
         with log.open("ab") as fh:  # the child keeps its own copy of the descriptor
             # Own session: stop() signals exactly this process group.
-            self.proc = subprocess.Popen(self.command(), env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                self.command(), env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+            )
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() not in (None, *([] if self.block else [0])):
@@ -98,15 +123,35 @@ class LocalHead:
         with ``resources`` as its custom resources: a second node, with its own node id, for
         placement tests. Returns its node id; ``stop()`` stops it before the head."""
         ready = Path(self.temp_dir) / f"node_{len(self.nodes)}.id"
-        cmd = [sys.executable, "-m", "raypost.utils.local_node", "--address", self.address, "--num-cpus", str(num_cpus),
-               "--resources", json.dumps(resources or {}), "--ready-file", str(ready),
-               "--temp-dir", tempfile.mkdtemp(prefix=f"node{len(self.nodes)}-", dir=self.temp_dir)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "raypost.utils.local_node",
+            "--address",
+            self.address,
+            "--num-cpus",
+            str(num_cpus),
+            "--resources",
+            json.dumps(resources or {}),
+            "--ready-file",
+            str(ready),
+            "--temp-dir",
+            tempfile.mkdtemp(prefix=f"node{len(self.nodes)}-", dir=self.temp_dir),
+        ]
         env = self.env()
         env.pop("RAY_ADDRESS")
         log = ready.with_suffix(".log")
         with log.open("ab") as fh:
-            self.nodes.append(subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                               cwd=Path(__file__).resolve().parents[2], start_new_session=True))
+            self.nodes.append(
+                subprocess.Popen(
+                    cmd,
+                    env=env,
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    cwd=Path(__file__).resolve().parents[2],
+                    start_new_session=True,
+                )
+            )
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.nodes[-1].poll() is not None:
@@ -145,15 +190,18 @@ class LocalHead:
         self.nodes.clear()
         self.extra_procs.clear()
 
-    def gcs_process(self) -> "psutil.Process":
+    def gcs_process(self) -> psutil.Process:
         """This head's ``gcs_server``: the one in its process group, or one restart_gcs started."""
         import psutil
 
         groups = {p.pid for p in (self.proc, *self.extra_procs) if p is not None}
         for proc in psutil.process_iter(["name"]):
             try:
-                if (proc.info["name"] == "gcs_server" and os.getpgid(proc.pid) in groups
-                        and proc.status() != psutil.STATUS_ZOMBIE):
+                if (
+                    proc.info["name"] == "gcs_server"
+                    and os.getpgid(proc.pid) in groups
+                    and proc.status() != psutil.STATUS_ZOMBIE
+                ):
                     return proc
             except (psutil.NoSuchProcess, ProcessLookupError):
                 continue
@@ -177,10 +225,11 @@ class LocalHead:
         cmd, env, cwd = spec
         log = Path(self.temp_dir) / "gcs_restart.log"
         with log.open("ab") as fh:
-            self.extra_procs.append(subprocess.Popen(cmd, env=env, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT,
-                                                     start_new_session=True))
+            self.extra_procs.append(
+                subprocess.Popen(cmd, env=env, cwd=cwd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+            )
 
-    def __enter__(self) -> "LocalHead":
+    def __enter__(self) -> LocalHead:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -202,13 +251,30 @@ class LocalRedis:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 30.0) -> "LocalRedis":
+    def start(self, timeout: float = 30.0) -> LocalRedis:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed; `make redis` installs Debian's redis-server")
-        self.proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(self.port), "--dir", self.data_dir,
-                                      "--save", "", "--appendonly", "yes", "--protected-mode", "yes"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--dir",
+                self.data_dir,
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--protected-mode",
+                "yes",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         deadline = time.time() + timeout
         while time.time() < deadline:
             try:
@@ -231,15 +297,16 @@ class LocalRedis:
                 self.proc.wait(10)
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
-    def __enter__(self) -> "LocalRedis":
+    def __enter__(self) -> LocalRedis:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
-def _stop_group(proc: subprocess.Popen, timeout: float,
-                signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGKILL)) -> None:
+def _stop_group(
+    proc: subprocess.Popen, timeout: float, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGKILL)
+) -> None:
     """Signal a process group started with start_new_session: SIGTERM, then SIGKILL after ``timeout``."""
     if proc.poll() is not None and not _group_alive(proc.pid):
         return
@@ -257,7 +324,7 @@ def _stop_group(proc: subprocess.Popen, timeout: float,
             return
 
 
-def _wait_exited(proc: "psutil.Process", timeout: float) -> None:
+def _wait_exited(proc: psutil.Process, timeout: float) -> None:
     """Wait until ``proc`` is gone or a zombie (exited; its parent may never reap it)."""
     import psutil
 
@@ -299,8 +366,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     head = LocalHead(num_cpus=args.num_cpus, redis_address=args.redis).start()
     print(f"RAY_ADDRESS={head.address}  dashboard/jobs: {head.dashboard_url}  temp dir: {head.temp_dir}", flush=True)
-    print(f"ray job submit --address {head.dashboard_url} --working-dir . -- {sys.executable} pipelines/grpo.py",
-          flush=True)
+    print(
+        f"ray job submit --address {head.dashboard_url} --working-dir . -- {sys.executable} pipelines/grpo.py",
+        flush=True,
+    )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         while head.proc is not None and head.proc.poll() is None:

@@ -31,12 +31,20 @@ def main(argv: list[str] | None = None) -> None:
     from raypost.utils.local_head import free_port
 
     params = ray._private.parameter.RayParams(
-        gcs_address=args.address, node_ip_address="127.0.0.1", num_cpus=args.num_cpus, num_gpus=0,
-        resources=json.loads(args.resources), include_log_monitor=False, node_manager_port=0,
-        min_worker_port=0, max_worker_port=0, dashboard_agent_listen_port=free_port(),  # not 52365 on every node
+        gcs_address=args.address,
+        node_ip_address="127.0.0.1",
+        num_cpus=args.num_cpus,
+        num_gpus=0,
+        resources=json.loads(args.resources),
+        include_log_monitor=False,
+        node_manager_port=0,
+        min_worker_port=0,
+        max_worker_port=0,
+        dashboard_agent_listen_port=free_port(),  # not 52365 on every node
         # Its own session folder: runtime-env agents of nodes sharing one unpack the same job's
         # working_dir into the same path, replacing the folder a driver runs in.
-        temp_dir=args.temp_dir)
+        temp_dir=args.temp_dir,
+    )
     node = ray._private.node.Node(params, head=False, shutdown_at_exit=True, spawn_reaper=True)
     if args.ready_file:
         with open(args.ready_file, "w") as fh:

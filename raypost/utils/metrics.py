@@ -22,8 +22,15 @@ class MetricsLogger:
     """Writes one JSON line per logged step; mirrors to wandb when enabled. Only the writer
     (rank 0) touches files; other ranks may hold an inactive logger."""
 
-    def __init__(self, run_dir: str | Path, active: bool, wandb_mode: str = "offline", project: str = "raypost",
-                 run_name: str = "run", config: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        active: bool,
+        wandb_mode: str = "offline",
+        project: str = "raypost",
+        run_name: str = "run",
+        config: dict[str, Any] | None = None,
+    ) -> None:
         self.active = active
         self.path = Path(run_dir) / "metrics.jsonl"
         self._wandb = None
@@ -34,8 +41,14 @@ class MetricsLogger:
             try:
                 import wandb
 
-                self._wandb = wandb.init(project=project, name=run_name, mode=wandb_mode, dir=str(run_dir),
-                                         config=config or {}, reinit="finish_previous")
+                self._wandb = wandb.init(
+                    project=project,
+                    name=run_name,
+                    mode=wandb_mode,
+                    dir=str(run_dir),
+                    config=config or {},
+                    reinit="finish_previous",
+                )
             except Exception as err:  # wandb is a mirror; the JSONL is the record
                 log.warning("wandb disabled (%s); metrics still go to %s", err, self.path)
 
@@ -82,4 +95,4 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
         if line.strip():
             row = json.loads(line)
             by_key[(row.get("phase", ""), row["step"])] = row
-    return sorted(by_key.values(), key=lambda r: (r.get("time", 0)))
+    return sorted(by_key.values(), key=lambda r: r.get("time", 0))

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from raypost.utils import storage
 from raypost.utils.metrics import read_metrics
@@ -41,8 +42,7 @@ def write_report(run_dir: str | Path, report: dict[str, Any]) -> Path:
     return path
 
 
-def finish_run(run_dir: Path, report: dict[str, Any], metrics: str, keys: Sequence[str], png: str,
-               title: str) -> Path:
+def finish_run(run_dir: Path, report: dict[str, Any], metrics: str, keys: Sequence[str], png: str, title: str) -> Path:
     """A pipeline's last step: the curves of ``run_dir/metrics`` into ``run_dir/png``, then
     ``report.json``. For a run stored at a URI, what the learners mirrored there is fetched first
     (rank 0 may run on another node) and the whole run folder is mirrored after."""

@@ -72,8 +72,14 @@ def _wait(client: Any, job_id: str, poll_s: float) -> str:
         time.sleep(poll_s)
 
 
-def submit_until_done(address: str, entrypoint: str, runtime_env: dict[str, Any] | None = None,
-                      max_attempts: int = 5, poll_s: float = 2.0, wait_head_s: float = 600.0) -> Outcome:
+def submit_until_done(
+    address: str,
+    entrypoint: str,
+    runtime_env: dict[str, Any] | None = None,
+    max_attempts: int = 5,
+    poll_s: float = 2.0,
+    wait_head_s: float = 600.0,
+) -> Outcome:
     """Submit ``entrypoint`` until one attempt succeeds, a user stops it, or attempts run out."""
     out = Outcome()
     for attempt in range(1, max_attempts + 1):
@@ -107,8 +113,9 @@ def main(argv: list[str] | None = None) -> None:
     import shlex
 
     env = {"working_dir": args.working_dir} if args.working_dir else None
-    out = submit_until_done(args.address, shlex.join(argv[split + 1:]), env, args.max_attempts,
-                            wait_head_s=args.wait_head_s)
+    out = submit_until_done(
+        args.address, shlex.join(argv[split + 1 :]), env, args.max_attempts, wait_head_s=args.wait_head_s
+    )
     print(f"{out.status} after {len(out.attempts)} attempt(s): {out.attempts}", flush=True)
     sys.exit(0 if out.status == "SUCCEEDED" else 1)
 

@@ -23,8 +23,9 @@ from __future__ import annotations
 import base64
 import datetime
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 PREFIX = "uri-"
 CHECKPOINT = "checkpoint_"
@@ -54,7 +55,7 @@ def remote_of(local: str | Path) -> tuple[Any, str] | None:
     for i, part in enumerate(parts):  # any process maps it, whatever its RAYPOST_STORAGE_CACHE
         uri = _decoded(part)
         if uri is not None:
-            return _remote(uri, parts[i + 1:])
+            return _remote(uri, parts[i + 1 :])
     return None
 
 
@@ -62,7 +63,7 @@ def _decoded(part: str) -> str | None:
     """The URI a working-copy folder name stands for; None for any other name."""
     if not part.startswith(PREFIX):
         return None
-    token = part[len(PREFIX):]
+    token = part[len(PREFIX) :]
     try:
         uri = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
     except (ValueError, UnicodeDecodeError):
@@ -147,7 +148,7 @@ def _copy_newer(src_fs: Any, src: str, dst_fs: Any, dst: str, keep: Callable[[st
     for info in found:
         if info.type != fs.FileType.File:
             continue
-        rel = info.path[len(src.rstrip("/")) + 1:]
+        rel = info.path[len(src.rstrip("/")) + 1 :]
         if not keep(rel):
             continue
         target = f"{dst.rstrip('/')}/{rel}"

@@ -10,14 +10,14 @@ answer and the completion; the test labels what a reader takes as each final ans
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
-TEMPLATES = {"plain": "{question}",
-             "format": "{question}\nSolve it briefly, then write the final answer on its own line as '#### <number>'."}
+TEMPLATES = {
+    "plain": "{question}",
+    "format": "{question}\nSolve it briefly, then write the final answer on its own line as '#### <number>'.",
+}
 
 
 def main() -> None:
@@ -31,11 +31,15 @@ def main() -> None:
 
     path = resolve("smollm2-135m-instruct")
     tok = load_tokenizer(path)
-    rows = [{"source": "synthetic", "question": r["question"], "gold": final_answer(r["answer"])}
-            for r in synthetic.generate(8, seed=2024)]
+    rows = [
+        {"source": "synthetic", "question": r["question"], "gold": final_answer(r["answer"])}
+        for r in synthetic.generate(8, seed=2024)
+    ]
     with open(ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl") as f:
-        rows += [{"source": "gsm8k", "question": q["question"], "gold": final_answer(q["answer"])}
-                 for q in map(json.loads, list(f)[:4])]
+        rows += [
+            {"source": "gsm8k", "question": q["question"], "gold": final_answer(q["answer"])}
+            for q in map(json.loads, list(f)[:4])
+        ]
     llm = LLM(model=path, dtype="float32", enforce_eager=True, max_model_len=1024, seed=0, kv_cache_memory_bytes=2**30)
     params = SamplingParams(temperature=0.0, max_tokens=128)
     out = []

@@ -8,7 +8,8 @@ steps under a bare ``torch.distributed`` group on a machine with no Ray.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 
@@ -17,8 +18,9 @@ from raypost.train.engine import backward_share
 T = TypeVar("T")
 
 
-def accumulate(engine: Any, chunks: Sequence[T],
-               loss_of: Callable[[T], tuple[torch.Tensor, dict[str, float]]]) -> tuple[float, list[dict[str, float]]]:
+def accumulate(
+    engine: Any, chunks: Sequence[T], loss_of: Callable[[T], tuple[torch.Tensor, dict[str, float]]]
+) -> tuple[float, list[dict[str, float]]]:
     """Forward, backward and ``engine.step()`` per micro-batch of ``chunks`` (DeepSpeed steps the
     optimizer at the last one). ``loss_of`` returns a micro-batch's share of the loss normalized
     over the whole global batch (see ``backward_share``) and its metrics. Returns this rank's

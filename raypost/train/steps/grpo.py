@@ -32,14 +32,16 @@ def learn(engine: Any, ref: Any, rows: list[Sequence], cfg: GRPOConfig, pad_id: 
 
     def loss_of(mb: list[Sequence]) -> tuple[torch.Tensor, dict[str, float]]:
         b, keep = trim_to_completions(to_device(collate(mb, pad_id), engine.device))
-        logits = engine(input_ids=b["input_ids"], attention_mask=b["attention_mask"], use_cache=False,
-                        logits_to_keep=keep).logits
+        logits = engine(
+            input_ids=b["input_ids"], attention_mask=b["attention_mask"], use_cache=False, logits_to_keep=keep
+        ).logits
         logp, entropy = token_logprobs(logits, b["targets"], algo.temperature)
         kl = None
         if algo.beta > 0:
             with torch.no_grad():
-                ref_logits = ref(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                                 logits_to_keep=keep).logits
+                ref_logits = ref(
+                    input_ids=b["input_ids"], attention_mask=b["attention_mask"], logits_to_keep=keep
+                ).logits
             kl = kl_fn(logp, token_logprobs(ref_logits, b["targets"], algo.temperature)[0])
         # One update per batch: the proximal policy is this forward's own (pre-update) log-probs.
         anchor, weight, mask, m_is = correct(logp, logp.detach(), b["old_logp"], b["mask"], cfg.async_rl.is_cap)

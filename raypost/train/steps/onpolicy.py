@@ -30,15 +30,16 @@ def teacher_tensors(rows: list[Sequence], t: int, k: int) -> tuple[torch.Tensor,
     ids = torch.zeros(n, t - 1, width, dtype=torch.long)
     for i, r in enumerate(rows):
         s, c = r.start, len(r.teacher)
-        lp[i, s - 1:s - 1 + c] = torch.tensor(r.teacher, dtype=torch.float32)
+        lp[i, s - 1 : s - 1 + c] = torch.tensor(r.teacher, dtype=torch.float32)
         if k:
-            ids[i, s - 1:s - 1 + c] = torch.tensor(r.top_ids, dtype=torch.long).reshape(c, k)
-            top[i, s - 1:s - 1 + c] = torch.tensor(r.top_logprobs, dtype=torch.float32).reshape(c, k)
+            ids[i, s - 1 : s - 1 + c] = torch.tensor(r.top_ids, dtype=torch.long).reshape(c, k)
+            top[i, s - 1 : s - 1 + c] = torch.tensor(r.top_logprobs, dtype=torch.float32).reshape(c, k)
     return lp, ids, top
 
 
-def _gkd(logits: torch.Tensor, logp: torch.Tensor, b: dict[str, torch.Tensor], kd: KDParams,
-         norm: float) -> tuple[torch.Tensor, dict[str, float]]:
+def _gkd(
+    logits: torch.Tensor, logp: torch.Tensor, b: dict[str, torch.Tensor], kd: KDParams, norm: float
+) -> tuple[torch.Tensor, dict[str, float]]:
     keep = b["mask"] > 0
     weights = torch.ones(int(keep.sum()), device=logits.device)
     total, _, m = kd_loss(logits[:, :-1][keep], b["top_ids"][keep], b["top_lp"][keep], weights, kd)
@@ -61,8 +62,9 @@ def learn(engine: Any, rows: list[Sequence], cfg: DistillConfig, pad_id: int) ->
         b = collate(mb, pad_id)
         b["teacher_lp"], b["top_ids"], b["top_lp"] = teacher_tensors(mb, b["input_ids"].shape[1], k)
         b, positions = trim_to_completions(to_device(b, engine.device))
-        logits = engine(input_ids=b["input_ids"], attention_mask=b["attention_mask"], use_cache=False,
-                        logits_to_keep=positions).logits
+        logits = engine(
+            input_ids=b["input_ids"], attention_mask=b["attention_mask"], use_cache=False, logits_to_keep=positions
+        ).logits
         # log-probs at the sampling temperature, as the replica's behaviour log-probs are
         logp, _ = token_logprobs(logits, b["targets"], d.on_policy_temperature)
         if d.on_policy_loss == "gkd":

@@ -35,10 +35,10 @@ def pair_inputs(rows: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tens
     mask = torch.zeros((len(seqs), t), dtype=torch.long)
     tt = torch.zeros((len(seqs), t), dtype=torch.long)
     for i, (s, ty) in enumerate(zip(seqs, types)):
-        ids[i, :len(s)] = torch.from_numpy(np.array(s, dtype=np.int64))
-        mask[i, :len(s)] = 1
+        ids[i, : len(s)] = torch.from_numpy(np.array(s, dtype=np.int64))
+        mask[i, : len(s)] = 1
         if len(ty):
-            tt[i, :len(ty)] = torch.from_numpy(np.array(ty, dtype=np.int64))
+            tt[i, : len(ty)] = torch.from_numpy(np.array(ty, dtype=np.int64))
     out = {"input_ids": ids, "attention_mask": mask}
     if any(len(ty) for ty in types):
         out["token_type_ids"] = tt
@@ -48,7 +48,7 @@ def pair_inputs(rows: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tens
 def scores(engine: Any, rows: list[dict[str, Any]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(chosen [B], rejected [B]) scores of ``rows``."""
     logits = engine(**to_device(pair_inputs(rows, pad_id), engine.device)).logits[:, 0].float()
-    return logits[:len(rows)], logits[len(rows):]
+    return logits[: len(rows)], logits[len(rows) :]
 
 
 def all_mean(values: list[float], counts: float) -> list[float]:

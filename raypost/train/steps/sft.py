@@ -14,17 +14,23 @@ from raypost.train.objectives import Objective, cross_entropy, objective_tokens
 from raypost.train.steps import accumulate, mean_metrics
 
 
-def forward_loss(engine: Any, batch: dict[str, torch.Tensor],
-                 objective: Objective = cross_entropy) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+def forward_loss(
+    engine: Any, batch: dict[str, torch.Tensor], objective: Objective = cross_entropy
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """(loss summed over the objective's tokens, their count, metrics) of one collated batch."""
     batch = to_device(batch, engine.device)
-    out = engine(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                 position_ids=batch["position_ids"], use_cache=False)
+    out = engine(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        position_ids=batch["position_ids"],
+        use_cache=False,
+    )
     return objective(out.logits, batch)
 
 
-def train_step(engine: Any, rows: list[dict[str, Any]], pad_id: int, micro: int,
-               objective: Objective = cross_entropy) -> tuple[float, int, dict[str, float]]:
+def train_step(
+    engine: Any, rows: list[dict[str, Any]], pad_id: int, micro: int, objective: Objective = cross_entropy
+) -> tuple[float, int, dict[str, float]]:
     """One optimizer step over this rank's rows of the global batch. Returns (this rank's share
     of the global loss: the shares add up to it over ranks, real tokens seen, the objective's
     metrics averaged over micro-batches)."""

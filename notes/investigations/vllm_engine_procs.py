@@ -9,7 +9,7 @@ engine, CPU seconds of the whole process tree up to then, and generation tokens/
 prompts x 96 tokens after one warm-up wave). Each mode runs ``--repeats`` times, alternating;
 the table shows the medians.
 
-  .venv/bin/python benchmarks/vllm_engine_procs.py               # tiny model and SmolLM2 (if installed)
+  .venv/bin/python -m benchmarks.vllm_engine_procs               # tiny model and SmolLM2 (if installed)
 """
 
 from __future__ import annotations
@@ -19,13 +19,10 @@ import asyncio
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import OUT, model_for, run_child, table  # noqa: E402
+from benchmarks.common import OUT, model_for, run_child, table
 
 WAVES, PROMPTS, TOKENS = 2, 32, 96
 MARK = "ENGINE_BENCH "  # vLLM logs to stdout too
@@ -55,8 +52,9 @@ async def _engine(model: str) -> dict:
 
     from benchmarks.common import prompts_for
 
-    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=model, dtype="float32", max_model_len=512,
-                                                       enforce_eager=True, seed=0))
+    engine = AsyncLLM.from_engine_args(
+        AsyncEngineArgs(model=model, dtype="float32", max_model_len=512, enforce_eager=True, seed=0)
+    )
     ready, cpu = time.perf_counter() - t0, _tree_cpu_seconds()
     prompts = [TokensPrompt(prompt_token_ids=p) for p in prompts_for(Path(model), PROMPTS)]
     params = SamplingParams(max_tokens=TOKENS, temperature=1.0, ignore_eos=True)
@@ -65,6 +63,7 @@ async def _engine(model: str) -> dict:
         async def one(i: int, p: TokensPrompt) -> None:
             async for _ in engine.generate(p, params, request_id=f"{tag}-{i}"):
                 pass
+
         await asyncio.gather(*[one(i, p) for i, p in enumerate(prompts)])
 
     await wave("warm")
@@ -121,12 +120,20 @@ def main() -> None:
         med = {m: {k: round(statistics.median(r[k] for r in rs), 1) for k in rs[0]} for m, rs in runs.items()}
         result["models"][name] = {"runs": runs, "median": med}
         rows += [[name, m, med[m]["ready_s"], med[m]["cpu_s_to_ready"], med[m]["tokens_per_s"]] for m in runs]
-    print(table(f"AsyncLLM on CPU, medians of {args.repeats}: {WAVES} waves of {PROMPTS} prompts x {TOKENS} tokens",
-                ["model", "executor", "s to ready", "CPU s to ready", "tokens/s"], rows))
+    print(
+        table(
+            f"AsyncLLM on CPU, medians of {args.repeats}: {WAVES} waves of {PROMPTS} prompts x {TOKENS} tokens",
+            ["model", "executor", "s to ready", "CPU s to ready", "tokens/s"],
+            rows,
+        )
+    )
     for name, r in result["models"].items():
         mp, up = r["median"]["multiproc"], r["median"]["uniproc"]
-        print(f"{name}: uniproc / multiproc: ready {up['ready_s'] / mp['ready_s']:.2f}x, "
-              f"CPU {up['cpu_s_to_ready'] / mp['cpu_s_to_ready']:.2f}x, tokens/s {up['tokens_per_s'] / mp['tokens_per_s']:.2f}x")
+        print(
+            f"{name}: uniproc / multiproc: ready {up['ready_s'] / mp['ready_s']:.2f}x, "
+            f"CPU {up['cpu_s_to_ready'] / mp['cpu_s_to_ready']:.2f}x, "
+            f"tokens/s {up['tokens_per_s'] / mp['tokens_per_s']:.2f}x"
+        )
     OUT.mkdir(exist_ok=True)
     (OUT / "vllm_engine_procs.json").write_text(json.dumps(result, indent=1))
 

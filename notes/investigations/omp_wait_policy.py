@@ -8,7 +8,7 @@ machine). It generates 3 waves of 64 prompts x 64 tokens after one warm-up wave;
 is the waves' wall seconds. "pair" runs two engines at once. Then the other side: a tiny
 learner's training steps (torch, 2 threads), where sleeping threads cost a wake-up per op.
 
-  .venv/bin/python benchmarks/omp_wait_policy.py
+  .venv/bin/python -m benchmarks.omp_wait_policy
 """
 
 from __future__ import annotations
@@ -21,9 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import OUT, model_for, table  # noqa: E402
+from benchmarks.common import OUT, model_for, table
 
 WAVES, PROMPTS, TOKENS = 3, 64, 64
 MARK = "OMP_BENCH "  # vLLM logs to stdout too
@@ -51,8 +49,16 @@ def learner_child() -> dict:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                                         num_key_value_heads=1, intermediate_size=128))
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=512,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            intermediate_size=128,
+        )
+    )
     opt, x = torch.optim.AdamW(model.parameters(), 1e-3), torch.randint(0, 512, (4, 96))
     for i in range(45):
         if i == 5:
@@ -69,7 +75,7 @@ def run_learner(policy: str) -> dict:
         env["OMP_WAIT_POLICY"] = policy
     out = subprocess.run([sys.executable, __file__, "--learner"], env=env, capture_output=True, text=True, timeout=600)
     line = next(x for x in out.stdout.splitlines() if x.startswith(MARK))
-    res = json.loads(line[len(MARK):])
+    res = json.loads(line[len(MARK) :])
     return {"policy": policy, "threads": res["threads"], "seconds": round(res["seconds"], 2)}
 
 
@@ -78,18 +84,30 @@ def run(model: Path, policy: str, engines: int, cores: str) -> dict:
     env.pop("OMP_WAIT_POLICY", None)
     if policy != "default":
         env["OMP_WAIT_POLICY"] = policy
-    procs = [subprocess.Popen([sys.executable, __file__, "--child", str(model)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True) for _ in range(engines)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--child", str(model)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        for _ in range(engines)
+    ]
     secs = []
     for p in procs:
         out, _ = p.communicate(timeout=900)
         if p.returncode != 0:
             raise RuntimeError(f"engine failed ({p.returncode})")
         line = next(x for x in out.splitlines() if x.startswith(MARK))
-        secs.append(json.loads(line[len(MARK):])["seconds"])
+        secs.append(json.loads(line[len(MARK) :])["seconds"])
     tokens = WAVES * PROMPTS * TOKENS
-    return {"policy": policy, "engines": engines, "seconds": [round(s, 2) for s in secs],
-            "tokens_per_s_total": round(sum(tokens / s for s in secs), 1)}
+    return {
+        "policy": policy,
+        "engines": engines,
+        "seconds": [round(s, 2) for s in secs],
+        "tokens_per_s_total": round(sum(tokens / s for s in secs), 1),
+    }
 
 
 def main() -> None:
@@ -105,20 +123,41 @@ def main() -> None:
     model = model_for("tiny")
     rows = [run(model, policy, n, bind) for n in (1, 2) for policy in ("default", "PASSIVE")]
     by = {(r["policy"], r["engines"]): r["tokens_per_s_total"] for r in rows}
-    print(table(f"vLLM engines bound to cores {bind}: {WAVES} x {PROMPTS} prompts x {TOKENS} tokens each",
-                ["OMP_WAIT_POLICY", "engines", "seconds per engine", "tokens/s (all engines)"],
-                [[r["policy"], r["engines"], r["seconds"], r["tokens_per_s_total"]] for r in rows]))
+    print(
+        table(
+            f"vLLM engines bound to cores {bind}: {WAVES} x {PROMPTS} prompts x {TOKENS} tokens each",
+            ["OMP_WAIT_POLICY", "engines", "seconds per engine", "tokens/s (all engines)"],
+            [[r["policy"], r["engines"], r["seconds"], r["tokens_per_s_total"]] for r in rows],
+        )
+    )
     ratios = {n: round(by[("PASSIVE", n)] / by[("default", n)], 2) for n in (1, 2)}
     print(f"PASSIVE / default throughput: alone {ratios[1]}x, two engines {ratios[2]}x")
     learner = [run_learner(policy) for policy in ("default", "PASSIVE")]
-    print(table("tiny learner (the tests' 2-layer Qwen2), 40 AdamW steps on 4 x 96 tokens",
-                ["OMP_WAIT_POLICY", "torch threads", "seconds"], [[r["policy"], r["threads"], r["seconds"]] for r in learner]))
+    print(
+        table(
+            "tiny learner (the tests' 2-layer Qwen2), 40 AdamW steps on 4 x 96 tokens",
+            ["OMP_WAIT_POLICY", "torch threads", "seconds"],
+            [[r["policy"], r["threads"], r["seconds"]] for r in learner],
+        )
+    )
     slower = round(learner[1]["seconds"] / learner[0]["seconds"], 2)
     print(f"PASSIVE / default learner step time: {slower}x")
     OUT.mkdir(exist_ok=True)
-    (OUT / "omp_wait_policy.json").write_text(json.dumps({"cores": bind, "waves": WAVES, "prompts": PROMPTS,
-                                                          "tokens": TOKENS, "rows": rows, "ratio": ratios,
-                                                          "learner": learner, "learner_ratio": slower}, indent=1))
+    (OUT / "omp_wait_policy.json").write_text(
+        json.dumps(
+            {
+                "cores": bind,
+                "waves": WAVES,
+                "prompts": PROMPTS,
+                "tokens": TOKENS,
+                "rows": rows,
+                "ratio": ratios,
+                "learner": learner,
+                "learner_ratio": slower,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -15,8 +15,8 @@ The steps run on a thread other than the main one, as in a Ray Train worker. Rep
 variant: median step seconds (first step left out), user and system CPU seconds per step (the
 whole process), and peak RSS.
 
-    .venv/bin/python benchmarks/allocator.py                       # SmolLM2-135M if installed, else the 100M shape
-    .venv/bin/python benchmarks/allocator.py --model tiny --steps 6
+    .venv/bin/python -m benchmarks.allocator                       # SmolLM2-135M if installed, else the 100M shape
+    .venv/bin/python -m benchmarks.allocator --model tiny --steps 6
 
 Prints a table and writes benchmarks/out/allocator.json.
 """
@@ -28,14 +28,11 @@ import json
 import os
 import resource
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import OUT, model_for, run_child, table  # noqa: E402
+from benchmarks.common import OUT, model_for, run_child, table
 
 MARK = "ALLOC_BENCH "
 
@@ -56,8 +53,9 @@ def child(model_dir: str, steps: int) -> dict[str, Any]:
 def _steps(model_dir: str, steps: int) -> dict[str, Any]:
     import torch
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000), RANK="0",
-                      WORLD_SIZE="1", LOCAL_RANK="0")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29500 + os.getpid() % 1000), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
+    )
     torch.set_num_threads(os.cpu_count() or 1)
     from raypost.config import DeepSpeedConfig, OptimConfig
     from raypost.models.hf import load_causal_lm
@@ -84,8 +82,12 @@ def _steps(model_dir: str, steps: int) -> dict[str, Any]:
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         times.append(time.perf_counter() - t0)
         cpu.append((r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime))
-    return {"step_s": times, "cpu_s": cpu, "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "jemalloc": "libjemalloc" in Path("/proc/self/maps").read_text()}
+    return {
+        "step_s": times,
+        "cpu_s": cpu,
+        "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "jemalloc": "libjemalloc" in Path("/proc/self/maps").read_text(),
+    }
 
 
 def variants() -> dict[str, dict[str, str]]:
@@ -94,9 +96,11 @@ def variants() -> dict[str, dict[str, str]]:
     lib = str(Path(ray.__file__).parent / "core" / "libjemalloc.so")
     from raypost.utils.alloc import JEMALLOC_CONF
 
-    return {"glibc malloc": {"LD_PRELOAD": "", "MALLOC_CONF": ""},
-            "jemalloc, default decay": {"LD_PRELOAD": lib, "MALLOC_CONF": ""},
-            "jemalloc, decay off (raypost)": {"LD_PRELOAD": lib, "MALLOC_CONF": JEMALLOC_CONF}}
+    return {
+        "glibc malloc": {"LD_PRELOAD": "", "MALLOC_CONF": ""},
+        "jemalloc, default decay": {"LD_PRELOAD": lib, "MALLOC_CONF": ""},
+        "jemalloc, decay off (raypost)": {"LD_PRELOAD": lib, "MALLOC_CONF": JEMALLOC_CONF},
+    }
 
 
 def model_dir(name: str) -> tuple[str, Path]:
@@ -129,13 +133,25 @@ def main() -> None:
         cpu = run["cpu_s"][1:] or run["cpu_s"]
         run["median_step_s"] = statistics.median(timed)
         result["variants"][label] = run
-        rows.append([label, f"{run['median_step_s']:.2f}", f"{statistics.mean(c[0] for c in cpu):.2f}",
-                     f"{statistics.mean(c[1] for c in cpu):.2f}", f"{run['max_rss_mb']:.0f}"])
+        rows.append(
+            [
+                label,
+                f"{run['median_step_s']:.2f}",
+                f"{statistics.mean(c[0] for c in cpu):.2f}",
+                f"{statistics.mean(c[1] for c in cpu):.2f}",
+                f"{run['max_rss_mb']:.0f}",
+            ]
+        )
     base = result["variants"]["glibc malloc"]["median_step_s"]
     for row, run in zip(rows, result["variants"].values()):
         row.append(f"{base / run['median_step_s']:.2f}")
-    print(table(f"learner step on {name}, 4 x 256 packed tokens, DeepSpeed ZeRO-2, {os.cpu_count()} threads",
-                ["allocator", "step s", "user s/step", "system s/step", "peak RSS MB", "speed-up vs glibc"], rows))
+    print(
+        table(
+            f"learner step on {name}, 4 x 256 packed tokens, DeepSpeed ZeRO-2, {os.cpu_count()} threads",
+            ["allocator", "step s", "user s/step", "system s/step", "peak RSS MB", "speed-up vs glibc"],
+            rows,
+        )
+    )
     OUT.mkdir(exist_ok=True)
     (OUT / "allocator.json").write_text(json.dumps(result, indent=1))
 

@@ -5,7 +5,7 @@ default"). For each model given, this decodes the held-out problems with transfo
 and by sampling (T = 1, ``--samples`` per problem), and splits the answers into bare guesses and
 worked solutions:
 
-    .venv/bin/python benchmarks/grpo_guess_share.py --model warm-up=runs/grpo/warmup/<ckpt>/hf \\
+    .venv/bin/python -m benchmarks.grpo_guess_share --model warm-up=runs/grpo/warmup/<ckpt>/hf \\
         --model grpo=runs/grpo/grpo/<ckpt>/hf
 
 Prints a table and writes benchmarks/out/grpo_guess_share.json.
@@ -15,12 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import OUT, table  # noqa: E402
+from benchmarks.common import OUT, table
 
 
 def decode(model, tok, ids: list[int], samples: int) -> tuple[str, list[str]]:
@@ -30,9 +26,17 @@ def decode(model, tok, ids: list[int], samples: int) -> tuple[str, list[str]]:
     x = torch.tensor([ids])
     with torch.no_grad():
         greedy = model.generate(x, max_new_tokens=48, do_sample=False, pad_token_id=tok.pad_token_id)
-        sampled = model.generate(x, max_new_tokens=48, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                                 num_return_sequences=samples, pad_token_id=tok.pad_token_id)
-    text = lambda out: tok.decode(out[len(ids):], skip_special_tokens=True).strip()  # noqa: E731
+        sampled = model.generate(
+            x,
+            max_new_tokens=48,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            num_return_sequences=samples,
+            pad_token_id=tok.pad_token_id,
+        )
+    text = lambda out: tok.decode(out[len(ids) :], skip_special_tokens=True).strip()  # noqa: E731
     return text(greedy[0]), [text(o) for o in sampled]
 
 
@@ -43,8 +47,11 @@ def shares(completions: list[tuple[str, str]]) -> dict[str, float]:
     bare = [c.startswith("####") for c, _ in completions]
     right = [answers_match(c, g) for c, g in completions]
     worked_right = [r for r, b in zip(right, bare) if not b]
-    return {"guess_share": sum(bare) / len(bare), "accuracy": sum(right) / len(right),
-            "worked_accuracy": sum(worked_right) / max(1, len(worked_right))}
+    return {
+        "guess_share": sum(bare) / len(bare),
+        "accuracy": sum(right) / len(right),
+        "worked_accuracy": sum(worked_right) / max(1, len(worked_right)),
+    }
 
 
 def measure(path: str, n: int, samples: int) -> dict[str, dict[str, float]]:
@@ -79,10 +86,18 @@ def main() -> None:
         if not sep:
             ap.error(f"--model takes NAME=PATH, got '{spec}'")
         results[name] = measure(path, args.problems, args.samples)
-    rows = [[name, mode, *(f"{r[mode][k]:.3f}" for k in ("guess_share", "accuracy", "worked_accuracy"))]
-            for name, r in results.items() for mode in ("greedy", "sampled")]
-    print(table(f"\nGuessing vs working, {args.problems} held-out problems ({args.samples} samples each at T = 1)",
-                ["model", "decoding", "guess share", "accuracy", "accuracy of worked answers"], rows))
+    rows = [
+        [name, mode, *(f"{r[mode][k]:.3f}" for k in ("guess_share", "accuracy", "worked_accuracy"))]
+        for name, r in results.items()
+        for mode in ("greedy", "sampled")
+    ]
+    print(
+        table(
+            f"\nGuessing vs working, {args.problems} held-out problems ({args.samples} samples each at T = 1)",
+            ["model", "decoding", "guess share", "accuracy", "accuracy of worked answers"],
+            rows,
+        )
+    )
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "grpo_guess_share.json").write_text(json.dumps({"config": vars(args), "results": results}, indent=2))
 

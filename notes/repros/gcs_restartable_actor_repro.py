@@ -14,8 +14,8 @@ Each case:
      with the same command line on the same Redis, and checks whether `gcs_server` stays up and
      the cluster runs a task.
 
-  python benchmarks/gcs_restartable_actor_repro.py                      # R = -1 (Ray Data's default) and R = 0
-  python benchmarks/gcs_restartable_actor_repro.py --max-restarts -1 2 0
+  python -m benchmarks.gcs_restartable_actor_repro                      # R = -1 (Ray Data's default) and R = 0
+  python -m benchmarks.gcs_restartable_actor_repro --max-restarts -1 2 0
 
 Prints a table and writes benchmarks/out/gcs_restartable_actor_repro.json.
 """
@@ -105,23 +105,68 @@ def head_processes(temp: Path) -> list[int]:
 def run_case(max_restarts: int) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="gcsrepro", dir="/tmp"))
     temp, redis_port, gcs_port = work / "ray", free_port(), free_port()
-    env = {**os.environ, "RAY_REDIS_ADDRESS": f"127.0.0.1:{redis_port}", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-           "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
-    redis = start_group(["redis-server", "--bind", "127.0.0.1", "--port", str(redis_port), "--dir", str(work),
-                         "--save", "", "--appendonly", "yes"], work / "redis.log", env)
-    head_cmd = [RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(gcs_port),
-                "--num-cpus", "1", "--temp-dir", str(temp), "--include-dashboard", "true",
-                "--dashboard-host", "127.0.0.1", "--dashboard-port", str(free_port()), "--disable-usage-stats",
-                "--ray-client-server-port", str(free_port()), "--dashboard-agent-listen-port", str(free_port())]
+    env = {
+        **os.environ,
+        "RAY_REDIS_ADDRESS": f"127.0.0.1:{redis_port}",
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token"),
+    }
+    redis = start_group(
+        [
+            "redis-server",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(redis_port),
+            "--dir",
+            str(work),
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+        ],
+        work / "redis.log",
+        env,
+    )
+    head_cmd = [
+        RAY,
+        "start",
+        "--head",
+        "--block",
+        "--node-ip-address",
+        "127.0.0.1",
+        "--port",
+        str(gcs_port),
+        "--num-cpus",
+        "1",
+        "--temp-dir",
+        str(temp),
+        "--include-dashboard",
+        "true",
+        "--dashboard-host",
+        "127.0.0.1",
+        "--dashboard-port",
+        str(free_port()),
+        "--disable-usage-stats",
+        "--ray-client-server-port",
+        str(free_port()),
+        "--dashboard-agent-listen-port",
+        str(free_port()),
+    ]
     procs: list[subprocess.Popen] = []
     row: dict[str, Any] = {"max_restarts": max_restarts}
     try:
         procs.append(start_group(head_cmd, work / "head1.log", env))
         address = f"127.0.0.1:{gcs_port}"
         wait_task(address, env, 120)
-        driver = subprocess.Popen([sys.executable, "-c", DRIVER.format(address=address, max_restarts=max_restarts)],
-                                  env=env, stdout=subprocess.PIPE, stderr=(work / "driver.err").open("w"), text=True,
-                                  start_new_session=True)
+        driver = subprocess.Popen(
+            [sys.executable, "-c", DRIVER.format(address=address, max_restarts=max_restarts)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=(work / "driver.err").open("w"),
+            text=True,
+            start_new_session=True,
+        )
         procs.append(driver)
         line = driver.stdout.readline()
         if not line:
@@ -159,7 +204,10 @@ def run_case(max_restarts: int) -> dict[str, Any]:
 
 def wait_task(address: str, env: dict[str, str], timeout: float) -> bool:
     """Whether a driver can connect and run a task within ``timeout`` seconds."""
-    code = f"import ray; ray.init(address='{address}', log_to_driver=False); print(ray.get(ray.remote(lambda: 7).remote()))"
+    code = (
+        f"import ray; ray.init(address='{address}', log_to_driver=False); "
+        "print(ray.get(ray.remote(lambda: 7).remote()))"
+    )
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:

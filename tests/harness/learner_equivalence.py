@@ -10,7 +10,7 @@ rank with the whole batch in one micro-batch; the split one is 2 ranks x micro-b
 accumulation 2, at ZeRO 0, 2 and 3. The batch's sequence lengths differ by up to 60x, so a loss
 normalized per micro-batch instead of over the global batch gives another gradient.
 
-    .venv/bin/python benchmarks/learner_equivalence.py [OUT_NAME.json]
+    .venv/bin/python -m tests.harness.learner_equivalence [OUT_NAME.json]
 
 Prints ||g_split - g_ref|| / ||g_ref|| per learner and ZeRO stage, and writes
 benchmarks/out/learner_equivalence.json (or OUT_NAME.json). tests/test_learner_equivalence.py asserts < 1e-5.
@@ -22,15 +22,14 @@ import json
 import random
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from raypost.data.tokenize import IGNORE_INDEX  # noqa: E402
-from raypost.rl.records import Sequence  # noqa: E402
+from raypost.data.tokenize import IGNORE_INDEX
+from raypost.rl.records import Sequence
 
 GLOBAL_BATCH = 8
 LR = 1.0
@@ -57,8 +56,7 @@ def sft_rows(vocab: int, teacher: bool = False) -> list[dict[str, Any]]:
             labels += [IGNORE_INDEX] * sp + toks[sp:]
             pos += list(range(sp + sc))
             seg += [s] * (sp + sc)
-        row = {"input_ids": ids, "labels": labels, "position_ids": pos, "segment_ids": seg,
-               "sample_ids": str(i)}
+        row = {"input_ids": ids, "labels": labels, "position_ids": pos, "segment_ids": seg, "sample_ids": str(i)}
         if teacher:
             n = len(ids)
             row["teacher_ids"] = [rng.randrange(4, vocab) for _ in range(n * K)]
@@ -76,8 +74,9 @@ def rl_rows(vocab: int, teacher: bool = False) -> list[Sequence]:
     rows = []
     for i, (p, c) in enumerate(zip(PROMPTS, LENGTHS)):
         old = [-8.0 if j % 5 == 4 else -6.2 + rng.uniform(-0.3, 0.3) for j in range(c)]
-        row = Sequence(ids=_ids(rng, p + c, vocab), start=p, old=old, sample_id=f"{i}#0",
-                       adv=rng.uniform(-1.5, 1.5), train=i != 7)
+        row = Sequence(
+            ids=_ids(rng, p + c, vocab), start=p, old=old, sample_id=f"{i}#0", adv=rng.uniform(-1.5, 1.5), train=i != 7
+        )
         if teacher:
             row.teacher = [-rng.uniform(1.0, 8.0) for _ in range(c)]
             row.top_ids = [rng.randrange(4, vocab) for _ in range(c * K)]
@@ -88,8 +87,15 @@ def rl_rows(vocab: int, teacher: bool = False) -> list[Sequence]:
 
 def rm_rows(vocab: int) -> list[dict[str, Any]]:
     rng = random.Random(2)
-    return [{"chosen_ids": _ids(rng, p + c, vocab), "rejected_ids": _ids(rng, p + LENGTHS[-1 - i], vocab),
-             "chosen_types": [], "rejected_types": []} for i, (p, c) in enumerate(zip(PROMPTS, LENGTHS))]
+    return [
+        {
+            "chosen_ids": _ids(rng, p + c, vocab),
+            "rejected_ids": _ids(rng, p + LENGTHS[-1 - i], vocab),
+            "chosen_types": [],
+            "rejected_types": [],
+        }
+        for i, (p, c) in enumerate(zip(PROMPTS, LENGTHS))
+    ]
 
 
 # -- the learners' own step functions, one per case ------------------------------------------
@@ -109,11 +115,22 @@ def _grpo(loss: str, beta: float = 0.0, correction: str = "tis") -> Callable:
         from raypost.models.hf import load_causal_lm
         from raypost.train.steps.grpo import learn
 
-        cfg = GRPOConfig.model_validate({
-            "algo": {"loss": loss, "beta": beta, "kl_estimator": "k3", "group_size": 4, "prompts_per_step": 2,
-                     "eps_high": 0.28 if loss == "dapo" else 0.2, "max_new_tokens": 64},
-            "async_rl": {"correction": correction}, "optim": {"micro_batch_size": micro},
-            "resources": {"num_workers": world, "cpus_per_worker": 0.5}})
+        cfg = GRPOConfig.model_validate(
+            {
+                "algo": {
+                    "loss": loss,
+                    "beta": beta,
+                    "kl_estimator": "k3",
+                    "group_size": 4,
+                    "prompts_per_step": 2,
+                    "eps_high": 0.28 if loss == "dapo" else 0.2,
+                    "max_new_tokens": 64,
+                },
+                "async_rl": {"correction": correction},
+                "optim": {"micro_batch_size": micro},
+                "resources": {"num_workers": world, "cpus_per_worker": 0.5},
+            }
+        )
         ref = load_causal_lm(path).eval() if beta > 0 else None
         learn(engine, ref, rows, cfg, pad)
 
@@ -125,10 +142,20 @@ def _on_policy(loss: str) -> Callable:
         from raypost.config.distill import DistillConfig
         from raypost.train.steps.onpolicy import learn
 
-        cfg = DistillConfig.model_validate({
-            "distill": {"mode": "on_policy", "on_policy_loss": loss, "top_k": K, "divergence": "jsd",
-                        "prompts_per_step": 4, "samples_per_prompt": 2, "on_policy_optim": {"micro_batch_size": micro}},
-            "resources": {"num_workers": world, "cpus_per_worker": 0.5}})
+        cfg = DistillConfig.model_validate(
+            {
+                "distill": {
+                    "mode": "on_policy",
+                    "on_policy_loss": loss,
+                    "top_k": K,
+                    "divergence": "jsd",
+                    "prompts_per_step": 4,
+                    "samples_per_prompt": 2,
+                    "on_policy_optim": {"micro_batch_size": micro},
+                },
+                "resources": {"num_workers": world, "cpus_per_worker": 0.5},
+            }
+        )
         learn(engine, rows, cfg, pad)
 
     return step
@@ -138,16 +165,20 @@ def _rm(engine: Any, rows: list, micro: int, pad: int, world: int, path: str) ->
     from raypost.config.reward_model import RewardModelConfig
     from raypost.train.steps.rm import train_step
 
-    cfg = RewardModelConfig.model_validate({"optim": {"micro_batch_size": micro},
-                                            "train": {"margin": 0.5, "center_coef": 0.1}})
+    cfg = RewardModelConfig.model_validate(
+        {"optim": {"micro_batch_size": micro}, "train": {"margin": 0.5, "center_coef": 0.1}}
+    )
     train_step(engine, rows, cfg, pad)
 
 
 # case -> (rows builder, model kind, step)
 CASES: dict[str, tuple[Callable[[int], list], str, Callable]] = {
     "sft": (sft_rows, "lm", _sft(None)),
-    "kd_forward_kl": (lambda v: sft_rows(v, teacher=True), "lm",
-                      _sft({"divergence": "forward_kl", "temperature": 2.0, "kd_weight": 0.7})),
+    "kd_forward_kl": (
+        lambda v: sft_rows(v, teacher=True),
+        "lm",
+        _sft({"divergence": "forward_kl", "temperature": 2.0, "kd_weight": 0.7}),
+    ),
     "kd_jsd": (lambda v: sft_rows(v, teacher=True), "lm", _sft({"divergence": "jsd", "beta": 0.5})),
     "grpo_kl": (rl_rows, "lm", _grpo("grpo", beta=0.05)),
     "dapo": (rl_rows, "lm", _grpo("dapo")),
@@ -167,8 +198,7 @@ def _engine(model: torch.nn.Module, zero: int, micro: int, accum: int, world: in
 
     optim = OptimConfig(micro_batch_size=micro, grad_accum=accum, grad_clip=1e6)
     config = deepspeed_config(DeepSpeedConfig(zero_stage=zero), optim, world)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=LR),
-                                      config=config)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=LR), config=config)
     return engine
 
 
@@ -232,12 +262,21 @@ def fit_layout(model_path: Path, out: Path, world: int, micro: int, zeros: list[
 
     trainer = TorchTrainer(
         equivalence_loop,
-        train_loop_config={"model_path": str(model_path), "out_dir": str(out), "zeros": zeros, "micro": micro,
-                           "cases": list(CASES)},
+        train_loop_config={
+            "model_path": str(model_path),
+            "out_dir": str(out),
+            "zeros": zeros,
+            "micro": micro,
+            "cases": list(CASES),
+        },
         scaling_config=ray.train.ScalingConfig(num_workers=world, resources_per_worker={"CPU": 0.5}),
-        run_config=ray.train.RunConfig(name=f"equiv-w{world}", storage_path=str(out / "ray"),
-                                       failure_config=ray.train.FailureConfig(max_failures=0)),
-        torch_config=TorchConfig(backend="gloo"))
+        run_config=ray.train.RunConfig(
+            name=f"equiv-w{world}",
+            storage_path=str(out / "ray"),
+            failure_config=ray.train.FailureConfig(max_failures=0),
+        ),
+        torch_config=TorchConfig(backend="gloo"),
+    )
     result = trainer.fit()
     if result.error is not None:
         raise result.error
@@ -271,8 +310,7 @@ def main() -> None:
     from benchmarks.common import model_for
 
     temp = tempfile.mkdtemp(prefix="rpq", dir="/tmp")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp, _node_ip_address="127.0.0.1",
-             log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp, _node_ip_address="127.0.0.1", log_to_driver=False)
     try:
         out = Path(tempfile.mkdtemp(prefix="equiv"))
         run_layouts(model_for("tiny"), out)
@@ -286,9 +324,18 @@ def main() -> None:
     print(f"workers ran raypost from {code}")
     dest = Path(__file__).parent / "out" / (sys.argv[1] if len(sys.argv) > 1 else "learner_equivalence.json")
     dest.parent.mkdir(exist_ok=True)
-    dest.write_text(json.dumps({"metric": "||g_split - g_ref|| / ||g_ref||", "global_batch": GLOBAL_BATCH,
-                                "split": "2 ranks x micro-batch 2 x accumulation 2", "raypost": code,
-                                "errors": table}, indent=1))
+    dest.write_text(
+        json.dumps(
+            {
+                "metric": "||g_split - g_ref|| / ||g_ref||",
+                "global_batch": GLOBAL_BATCH,
+                "split": "2 ranks x micro-batch 2 x accumulation 2",
+                "raypost": code,
+                "errors": table,
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {dest}")
 
 

@@ -7,21 +7,18 @@ Each variant runs in its own process: load the model, then one GRPO-shaped learn
 figure is the step's peak resident memory (sampled every 2 ms) above the process's resident
 memory just before the step, with the step's wall seconds.
 
-  .venv/bin/python benchmarks/logprob_memory.py                 # 8 sequences x 256 tokens
-  .venv/bin/python benchmarks/logprob_memory.py --batch 4 --seq 512
+  .venv/bin/python -m benchmarks.logprob_memory                 # 8 sequences x 256 tokens
+  .venv/bin/python -m benchmarks.logprob_memory --batch 4 --seq 512
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import OUT, run_child, table  # noqa: E402
+from benchmarks.common import OUT, run_child, table
 
 VARIANTS = ("full_log_softmax", "chunked")
 
@@ -40,7 +37,7 @@ def full_log_softmax(logits, targets, temperature):
 class PeakRSS:
     """Resident memory sampled every 2 ms on a thread while the block runs; ``peak`` in bytes."""
 
-    def __enter__(self) -> "PeakRSS":
+    def __enter__(self) -> PeakRSS:
         import threading
 
         import psutil
@@ -82,8 +79,13 @@ def child(variant: str, model: str, batch: int, seq: int) -> dict:
         loss = -(logp * torch.randn(batch, 1)).mean()
         loss.backward()
         step_s = time.perf_counter() - t0
-    return {"variant": variant, "step_peak_mb": (mem.peak - mem.start) / 2**20, "step_s": step_s,
-            "logits_mb": batch * seq * lm.config.vocab_size * 4 / 2**20, "entropy_mean": float(entropy.mean())}
+    return {
+        "variant": variant,
+        "step_peak_mb": (mem.peak - mem.start) / 2**20,
+        "step_s": step_s,
+        "logits_mb": batch * seq * lm.config.vocab_size * 4 / 2**20,
+        "entropy_mean": float(entropy.mean()),
+    }
 
 
 def main() -> None:
@@ -102,11 +104,23 @@ def main() -> None:
     common = ["--model", args.model, "--batch", str(args.batch), "--seq", str(args.seq)]
     rows = [run_child(Path(__file__), ["--child", v, *common]) for v in VARIANTS]
     base = rows[0]["step_peak_mb"]
-    print(table(f"learner step peak memory, {args.model}, {args.batch} x {args.seq} tokens "
-                f"(one fp32 [N, T, V] = {rows[0]['logits_mb']:.0f} MB)",
-                ["variant", "step peak MB", "ratio", "step s", "entropy mean"],
-                [[r["variant"], f"{r['step_peak_mb']:.0f}", f"{r['step_peak_mb'] / base:.2f}", f"{r['step_s']:.1f}",
-                  f"{r['entropy_mean']:.4f}"] for r in rows]))
+    print(
+        table(
+            f"learner step peak memory, {args.model}, {args.batch} x {args.seq} tokens "
+            f"(one fp32 [N, T, V] = {rows[0]['logits_mb']:.0f} MB)",
+            ["variant", "step peak MB", "ratio", "step s", "entropy mean"],
+            [
+                [
+                    r["variant"],
+                    f"{r['step_peak_mb']:.0f}",
+                    f"{r['step_peak_mb'] / base:.2f}",
+                    f"{r['step_s']:.1f}",
+                    f"{r['entropy_mean']:.4f}",
+                ]
+                for r in rows
+            ],
+        )
+    )
     OUT.mkdir(exist_ok=True)
     out = OUT / "logprob_memory.json"
     out.write_text(json.dumps({"model": args.model, "batch": args.batch, "seq": args.seq, "rows": rows}, indent=1))

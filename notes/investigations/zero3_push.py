@@ -12,8 +12,8 @@ The peak is rank 0's anonymous resident memory (``RssAnon``, sampled every milli
 thread) above its level just before the push; the file the push writes lies in /dev/shm and is
 not in it. Both ways write the same tensors (checked).
 
-    .venv/bin/python benchmarks/zero3_push.py                              # SmolLM2 (if installed), else tiny
-    .venv/bin/python benchmarks/zero3_push.py --model tiny --bucket-mb 1
+    .venv/bin/python -m notes.investigations.zero3_push                              # SmolLM2 (if installed), else tiny
+    .venv/bin/python -m notes.investigations.zero3_push --model tiny --bucket-mb 1
 
 Prints a table and writes benchmarks/out/zero3_push.json.
 """
@@ -22,16 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import OUT, model_for, table  # noqa: E402
+from benchmarks.common import OUT, model_for, table
 
 
 def rss_anon_mb() -> float:
@@ -44,7 +41,7 @@ def rss_anon_mb() -> float:
 class PeakSampler:
     """The highest RssAnon of this process while the ``with`` block runs, in MB above its start."""
 
-    def __enter__(self) -> "PeakSampler":
+    def __enter__(self) -> PeakSampler:
         self.start = self.peak = rss_anon_mb()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -99,8 +96,9 @@ def push_once(config: dict[str, Any]) -> None:
             barrier()
         seconds = time.perf_counter() - t0
     if rank == 0:
-        Path(config["report"]).write_text(json.dumps({"way": config["way"], "push_s": seconds,
-                                                      "peak_above_mb": peak.above_mb, "model_mb": model_mb}))
+        Path(config["report"]).write_text(
+            json.dumps({"way": config["way"], "push_s": seconds, "peak_above_mb": peak.above_mb, "model_mb": model_mb})
+        )
 
 
 def run_way(model: Path, way: str, bucket_mb: int, work: Path) -> dict[str, Any]:
@@ -110,12 +108,22 @@ def run_way(model: Path, way: str, bucket_mb: int, work: Path) -> dict[str, Any]
     weights_dir = Path(f"/dev/shm/raypost-zero3-push-{work.name}-{way}")
     report = work / f"{way}.json"
     trainer = TorchTrainer(
-        push_once, train_loop_config={"model": str(model), "way": way, "bucket_mb": bucket_mb,
-                                      "weights_dir": str(weights_dir), "report": str(report)},
+        push_once,
+        train_loop_config={
+            "model": str(model),
+            "way": way,
+            "bucket_mb": bucket_mb,
+            "weights_dir": str(weights_dir),
+            "report": str(report),
+        },
         scaling_config=ray.train.ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
-        run_config=ray.train.RunConfig(name=f"zero3-push-{way}", storage_path=str(work / "ray"),
-                                       failure_config=ray.train.FailureConfig(max_failures=0)),
-        torch_config=TorchConfig(backend="gloo"))
+        run_config=ray.train.RunConfig(
+            name=f"zero3-push-{way}",
+            storage_path=str(work / "ray"),
+            failure_config=ray.train.FailureConfig(max_failures=0),
+        ),
+        torch_config=TorchConfig(backend="gloo"),
+    )
     result = trainer.fit()
     if result.error is not None:
         raise result.error
@@ -158,13 +166,25 @@ def main() -> None:
         raise AssertionError("the streamed push wrote other weights than the consolidated one")
     for r in rows:
         r["peak_of_model"] = r["peak_above_mb"] / r["model_mb"]
-    result = {"model": args.model, "bucket_mb": args.bucket_mb, "workers": 2, "same_weights": same, "rows": rows,
-              "peak_ratio": rows[0]["peak_above_mb"] / max(rows[1]["peak_above_mb"], 1e-9)}
-    print(table(f"ZeRO-3 push, 2 workers, {args.model}", ["way", "push s", "rank-0 peak above start (MB)", "of the model"],
-                [[r["way"], f"{r['push_s']:.2f}", f"{r['peak_above_mb']:.0f}", f"{r['peak_of_model']:.2f}x"]
-                 for r in rows]))
-    print(f"model {rows[0]['model_mb']:.0f} MB fp32, {args.bucket_mb} MiB buckets; consolidated / streamed peak: "
-          f"{result['peak_ratio']:.1f}x")
+    result = {
+        "model": args.model,
+        "bucket_mb": args.bucket_mb,
+        "workers": 2,
+        "same_weights": same,
+        "rows": rows,
+        "peak_ratio": rows[0]["peak_above_mb"] / max(rows[1]["peak_above_mb"], 1e-9),
+    }
+    print(
+        table(
+            f"ZeRO-3 push, 2 workers, {args.model}",
+            ["way", "push s", "rank-0 peak above start (MB)", "of the model"],
+            [[r["way"], f"{r['push_s']:.2f}", f"{r['peak_above_mb']:.0f}", f"{r['peak_of_model']:.2f}x"] for r in rows],
+        )
+    )
+    print(
+        f"model {rows[0]['model_mb']:.0f} MB fp32, {args.bucket_mb} MiB buckets; consolidated / streamed peak: "
+        f"{result['peak_ratio']:.1f}x"
+    )
     Path(args.out).write_text(json.dumps(result, indent=2))
 
 

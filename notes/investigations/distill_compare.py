@@ -19,9 +19,9 @@ The teacher pass (offline KD) and the teacher scoring (on-policy) are reported p
 top-k is written as Parquet and its size reported. Finished cells are kept (``seed<s>/<mode>.json``
 in the run folder): re-running the command, with more seeds or modes, trains only what is missing.
 
-    .venv/bin/python benchmarks/distill_compare.py                   # examples/distill_smollm2.yaml
-    .venv/bin/python benchmarks/distill_compare.py --seeds 0 --modes sft kd_forward -- --train.max_steps 10
-    .venv/bin/python benchmarks/distill_compare.py --styles     # + how each model answers (bare or worked)
+    .venv/bin/python -m benchmarks.distill_compare                   # examples/distill_smollm2.yaml
+    .venv/bin/python -m benchmarks.distill_compare --seeds 0 --modes sft kd_forward -- --train.max_steps 10
+    .venv/bin/python -m benchmarks.distill_compare --styles     # + how each model answers (bare or worked)
 
 Prints a table and writes benchmarks/out/distill_smollm2.json (``--out``).
 """
@@ -33,14 +33,12 @@ import contextlib
 import json
 import shutil
 import statistics
-import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import OUT, ROOT, table  # noqa: E402
+from benchmarks.common import OUT, ROOT, table
 
 MODES: dict[str, dict[str, Any]] = {
     "sft": {},
@@ -66,8 +64,9 @@ def train_cell(cfg: Any, mode: str, teacher: str, start: str, data: Any, out: Pa
         if mode == "sft":
             return run_sft(phases.student_sft(cfg, out), start, data, out)
         if cfg.distill.mode == "offline_kd":
-            return run_sft(phases.student_sft(cfg, out), start, data, out,
-                           teacher=phases.kd_signal(cfg, teacher, cache))
+            return run_sft(
+                phases.student_sft(cfg, out), start, data, out, teacher=phases.kd_signal(cfg, teacher, cache)
+            )
         return phases.MODES.get_fn(cfg.distill.mode)(cfg, teacher, start, data, out)
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -113,8 +112,11 @@ def step_costs(out: Path, mode: str, info: dict) -> dict[str, float]:
 def share_teacher_pass(cells: list[dict]) -> None:
     """A KD cell that reused its seed's teacher pass is charged the same pass per step as the
     cell that ran it: both stand for one KD run of that cost."""
-    paid = {c["seed"]: c["teacher_s_per_step"] for c in cells
-            if "teacher_pass" in c["info"] and not c["info"]["teacher_pass"]["reused"]}
+    paid = {
+        c["seed"]: c["teacher_s_per_step"]
+        for c in cells
+        if "teacher_pass" in c["info"] and not c["info"]["teacher_pass"]["reused"]
+    }
     for c in cells:
         if "teacher_pass" in c["info"] and c["info"]["teacher_pass"]["reused"] and c["seed"] in paid:
             c["teacher_s_per_step"] = paid[c["seed"]]
@@ -142,7 +144,7 @@ def gold_fit(cfg: Any, models: dict[str, str], n: int = 64) -> dict[str, dict[st
             prompt = prompt_ids(tok, r["question"], d.system_prompt, d.prompt_template)
             target = completion_ids(tok, r["answer"])
             with torch.no_grad():
-                logits = model(input_ids=torch.tensor([prompt + target])).logits[0, len(prompt) - 1:-1].float()
+                logits = model(input_ids=torch.tensor([prompt + target])).logits[0, len(prompt) - 1 : -1].float()
             logp = torch.log_softmax(logits, -1)
             gold = logp.gather(1, torch.tensor(target)[:, None])[:, 0]
             ce, p_gold = ce - gold.sum().item(), p_gold + gold.exp().sum().item()
@@ -168,8 +170,12 @@ def answer_styles(cfg: Any, models: dict[str, str], data: Any, run_dir: Path) ->
         ev = heldout_accuracy(path, data.eval_rows(n), cfg.eval, run_dir, cfg.rollout, keep_samples=n)
         texts = [x["completion"].strip() for x in ev["samples"]]
         worked = [t for t in texts if "=" in t.split("####")[0]]
-        styles[name] = {"bare": sum(t.startswith("####") for t in texts) / len(texts),
-                        "worked": len(worked) / len(texts), "accuracy": ev["accuracy"], "n": len(texts)}
+        styles[name] = {
+            "bare": sum(t.startswith("####") for t in texts) / len(texts),
+            "worked": len(worked) / len(texts),
+            "accuracy": ev["accuracy"],
+            "n": len(texts),
+        }
         cache.write_text(json.dumps(styles, indent=1))
         print(f"{name}: {styles[name]}", flush=True)
     return styles
@@ -186,7 +192,7 @@ def shared_replica(cfg: Any, start: str, data: Any, run_dir: Path) -> Iterator[C
 
     from raypost.eval.accuracy import rollout_accuracy
     from raypost.phases.distill import num_params
-    from raypost.serve.oneshot import served
+    from raypost.serve.apps import served
 
     rows = data.eval_rows(cfg.data.max_eval_samples)
     rollout = cfg.rollout.model_copy(update={"weight_transport": "shm"})  # the driver is on the replica's node
@@ -204,7 +210,9 @@ def shared_replica(cfg: Any, start: str, data: Any, run_dir: Path) -> Iterator[C
                 client.update_weights(version, load_file(str(Path(path) / "model.safetensors")))
             out = rollout_accuracy(client, rows, cfg.eval.max_new_tokens, extract=cfg.eval.extract)
             if out["weight_version"] != version:
-                raise RuntimeError(f"the evaluation replica answered with version {out['weight_version']}, not {version}")
+                raise RuntimeError(
+                    f"the evaluation replica answered with version {out['weight_version']}, not {version}"
+                )
             return {**out, "params": num_params(path or start), "eval_s": time.time() - t0}
 
         yield evaluate
@@ -225,13 +233,27 @@ def run(args: argparse.Namespace) -> dict:
     models = run_dir / "compare_models.json"  # the teacher's figures, kept for a re-run
     if not models.is_file():
         fit = gold_fit(cfg, {"teacher": teacher.model_path, "student start": start})
-        models.write_text(json.dumps({
-            "shapes": phases.student_info(cfg, teacher.model_path, start), "gold_fit": fit,
-            # the fine-tune's own time, also when an earlier run of this command did it
-            "teacher": {"path": teacher.model_path, "finetune_s": _marker_wall(run_dir / "teacher_done.json"),
-                        **_brief(phases.evaluate(cfg, teacher.model_path, data, run_dir))}}))
-    result: dict[str, Any] = {"config": args.config, "overrides": args.overrides,
-                              "heldout_n": cfg.data.max_eval_samples, **json.loads(models.read_text()), "cells": []}
+        models.write_text(
+            json.dumps(
+                {
+                    "shapes": phases.student_info(cfg, teacher.model_path, start),
+                    "gold_fit": fit,
+                    # the fine-tune's own time, also when an earlier run of this command did it
+                    "teacher": {
+                        "path": teacher.model_path,
+                        "finetune_s": _marker_wall(run_dir / "teacher_done.json"),
+                        **_brief(phases.evaluate(cfg, teacher.model_path, data, run_dir)),
+                    },
+                }
+            )
+        )
+    result: dict[str, Any] = {
+        "config": args.config,
+        "overrides": args.overrides,
+        "heldout_n": cfg.data.max_eval_samples,
+        **json.loads(models.read_text()),
+        "cells": [],
+    }
     trained = train_cells(cfg, args, teacher.model_path, start, data, run_dir)
     with shared_replica(cfg, start, data, run_dir) as evaluate:
         start_record = run_dir / "start.json"
@@ -242,9 +264,15 @@ def run(args: argparse.Namespace) -> dict:
             record = run_dir / f"seed{seed}" / f"{mode}.json"  # a finished cell, kept for a re-run
             if not record.is_file():
                 acc = evaluate(phase.model_path)
-                cell = {"seed": seed, "mode": mode, **_brief(acc), "train_wall_s": train_s,
-                        "cell_wall_s": train_s + acc["eval_s"],
-                        **step_costs(run_dir / f"seed{seed}" / mode, mode, phase.info), "info": phase.info}
+                cell = {
+                    "seed": seed,
+                    "mode": mode,
+                    **_brief(acc),
+                    "train_wall_s": train_s,
+                    "cell_wall_s": train_s + acc["eval_s"],
+                    **step_costs(run_dir / f"seed{seed}" / mode, mode, phase.info),
+                    "info": phase.info,
+                }
                 record.write_text(json.dumps(cell))
             result["cells"].append(json.loads(record.read_text()))
             print(f"seed {seed} {mode}: held-out {result['cells'][-1]['accuracy']:.3f}", flush=True)
@@ -260,15 +288,17 @@ def run(args: argparse.Namespace) -> dict:
     # The comparison's own time, whichever runs of the command did the work: the teacher's
     # fine-tune and evaluation, the start's evaluation and every cell (training and evaluation).
     t = result["teacher"]
-    result["comparison_s"] = (t["finetune_s"] + t["eval_s"] + result["start"]["eval_s"]
-                              + sum(c["cell_wall_s"] for c in result["cells"]))
+    result["comparison_s"] = (
+        t["finetune_s"] + t["eval_s"] + result["start"]["eval_s"] + sum(c["cell_wall_s"] for c in result["cells"])
+    )
     result["comparison_without_teacher_s"] = result["comparison_s"] - t["finetune_s"]
     result["summary"] = summarize(result)
     return result
 
 
-def train_cells(cfg: Any, args: argparse.Namespace, teacher: str, start: str, data: Any,
-                run_dir: Path) -> dict[tuple[int, str], tuple[Any, float]]:
+def train_cells(
+    cfg: Any, args: argparse.Namespace, teacher: str, start: str, data: Any, run_dir: Path
+) -> dict[tuple[int, str], tuple[Any, float]]:
     """Every (seed, mode) cell trained from ``start``, in order; (its phase, its training seconds).
     A cell trained by an earlier run of the command is read back from its marker."""
     from raypost.phases import distill as phases
@@ -305,10 +335,13 @@ def summarize(result: dict) -> dict:
     for mode in dict.fromkeys(c["mode"] for c in cells):
         mine = [c for c in cells if c["mode"] == mode]
         mean = statistics.mean(c["accuracy"] for c in mine)
-        out[mode] = {"accuracy_mean": mean, "of_teacher": mean / teacher if teacher else None,
-                     "gain_over_sft": {c["seed"]: c["accuracy"] - sft[c["seed"]] for c in mine if c["seed"] in sft},
-                     "step_s": statistics.mean(c["step_s"] for c in mine),
-                     "train_wall_s": statistics.mean(c["train_wall_s"] for c in mine)}
+        out[mode] = {
+            "accuracy_mean": mean,
+            "of_teacher": mean / teacher if teacher else None,
+            "gain_over_sft": {c["seed"]: c["accuracy"] - sft[c["seed"]] for c in mine if c["seed"] in sft},
+            "step_s": statistics.mean(c["step_s"] for c in mine),
+            "train_wall_s": statistics.mean(c["train_wall_s"] for c in mine),
+        }
     return out
 
 
@@ -317,18 +350,41 @@ def print_table(result: dict) -> None:
     for mode, s in result["summary"].items():
         per_seed = [c for c in result["cells"] if c["mode"] == mode]
         teacher_s = [c.get("teacher_s_per_step") for c in per_seed if c.get("teacher_s_per_step") is not None]
-        rows.append([mode, " / ".join(f"{c['accuracy']:.3f}" for c in per_seed), f"{s['accuracy_mean']:.3f}",
-                     " / ".join(f"{g:+.3f}" for g in s["gain_over_sft"].values()),
-                     f"{s['of_teacher']:.2f}" if s["of_teacher"] is not None else "-", f"{s['step_s']:.1f}",
-                     f"{statistics.mean(teacher_s):.2f}" if teacher_s else "-", f"{s['train_wall_s'] / 60:.1f}"])
+        rows.append(
+            [
+                mode,
+                " / ".join(f"{c['accuracy']:.3f}" for c in per_seed),
+                f"{s['accuracy_mean']:.3f}",
+                " / ".join(f"{g:+.3f}" for g in s["gain_over_sft"].values()),
+                f"{s['of_teacher']:.2f}" if s["of_teacher"] is not None else "-",
+                f"{s['step_s']:.1f}",
+                f"{statistics.mean(teacher_s):.2f}" if teacher_s else "-",
+                f"{s['train_wall_s'] / 60:.1f}",
+            ]
+        )
     t, st = result["teacher"], result["start"]
-    print(table(f"\nDistillation on {result['config']}: teacher {t['accuracy']:.3f} ({t['params'] / 1e6:.0f}M), "
-                f"student start {st['accuracy']:.3f} ({st['params'] / 1e6:.0f}M), held-out n={result['heldout_n']}",
-                ["mode", "held-out per seed", "mean", "vs SFT per seed", "of teacher", "step s",
-                 "teacher s/step", "train min"], rows))
-    print(f"whole comparison: {result['comparison_s'] / 60:.1f} min: the teacher's fine-tune "
-          f"{t['finetune_s'] / 60:.1f} min, then {result['comparison_without_teacher_s'] / 60:.1f} min for both "
-          f"evaluations and every cell's training and evaluation")
+    print(
+        table(
+            f"\nDistillation on {result['config']}: teacher {t['accuracy']:.3f} ({t['params'] / 1e6:.0f}M), "
+            f"student start {st['accuracy']:.3f} ({st['params'] / 1e6:.0f}M), held-out n={result['heldout_n']}",
+            [
+                "mode",
+                "held-out per seed",
+                "mean",
+                "vs SFT per seed",
+                "of teacher",
+                "step s",
+                "teacher s/step",
+                "train min",
+            ],
+            rows,
+        )
+    )
+    print(
+        f"whole comparison: {result['comparison_s'] / 60:.1f} min: the teacher's fine-tune "
+        f"{t['finetune_s'] / 60:.1f} min, then {result['comparison_without_teacher_s'] / 60:.1f} min for both "
+        f"evaluations and every cell's training and evaluation"
+    )
 
 
 def main() -> None:
@@ -338,8 +394,12 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     ap.add_argument("--out", default=str(OUT / "distill_smollm2.json"))
-    ap.add_argument("--styles", action="store_true", help="also measure how every model answers (bare '#### n' or "
-                                                           "worked lines): one more evaluation each, not timed")
+    ap.add_argument(
+        "--styles",
+        action="store_true",
+        help="also measure how every model answers (bare '#### n' or "
+        "worked lines): one more evaluation each, not timed",
+    )
     ap.add_argument("overrides", nargs="*", help="config overrides after --, e.g. -- --train.max_steps 10")
     args = ap.parse_args()
     result = run(args)

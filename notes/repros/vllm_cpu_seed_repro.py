@@ -9,8 +9,8 @@ tokens (4,800 tokens) do not fit one 2,048-token prefill step, so one is split.
 
 raypost's CPU replicas prefill whole prompts instead (``raypost.serve.rollout_app._prefill_args``).
 
-    .venv/bin/python benchmarks/vllm_cpu_seed_repro.py MODEL_DIR chunked   # EngineDeadError
-    .venv/bin/python benchmarks/vllm_cpu_seed_repro.py MODEL_DIR whole     # prints OK
+    .venv/bin/python -m benchmarks.vllm_cpu_seed_repro MODEL_DIR chunked   # EngineDeadError
+    .venv/bin/python -m benchmarks.vllm_cpu_seed_repro MODEL_DIR whole     # prints OK
 """
 
 import sys
@@ -18,8 +18,14 @@ import sys
 from vllm import LLM, SamplingParams
 
 if __name__ == "__main__":
-    llm = LLM(model=sys.argv[1], dtype="float32", enforce_eager=True, max_model_len=512, kv_cache_memory_bytes=2**30,
-              enable_chunked_prefill=sys.argv[2] == "chunked")
+    llm = LLM(
+        model=sys.argv[1],
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=512,
+        kv_cache_memory_bytes=2**30,
+        enable_chunked_prefill=sys.argv[2] == "chunked",
+    )
     prompts = [{"prompt_token_ids": [10 + i] * 300} for i in range(16)]
     outs = llm.generate(prompts, SamplingParams(n=2, seed=1, max_tokens=4), use_tqdm=False)
     print("OK", len(outs), flush=True)

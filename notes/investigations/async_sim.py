@@ -14,7 +14,7 @@ the real policy's. The cluster model:
 Inputs default to the phase times measured by benchmarks/async_vs_sync.py on this machine
 (benchmarks/RESULTS.md); pass your own for another model or cluster.
 
-    .venv/bin/python benchmarks/async_sim.py [--gpus 8 16 32 64] [--tail-sigma 1.0]
+    .venv/bin/python -m benchmarks.async_sim [--gpus 8 16 32 64] [--tail-sigma 1.0]
 
 Prints a table and writes benchmarks/out/async_sim.json.
 """
@@ -25,14 +25,10 @@ import argparse
 import heapq
 import json
 import random
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import OUT, table  # noqa: E402
-from raypost.rl.controller import RolloutController, StalenessAdmission  # noqa: E402
+from benchmarks.common import OUT, table
+from raypost.rl.controller import RolloutController, StalenessAdmission
 
 
 @dataclass
@@ -56,7 +52,7 @@ class SimGroup:
 def _length(w: Workload, rng: random.Random) -> float:
     if w.tail_sigma == 0:
         return w.mean_len
-    mu = -w.tail_sigma ** 2 / 2  # lognormal with mean 1
+    mu = -(w.tail_sigma**2) / 2  # lognormal with mean 1
     return min(w.max_len, w.mean_len * rng.lognormvariate(mu, w.tail_sigma))
 
 
@@ -109,8 +105,12 @@ def main() -> None:
     ap.add_argument("--max-len", type=float, default=8000.0)
     ap.add_argument("--tail-sigma", type=float, default=1.0)
     ap.add_argument("--slots", type=int, default=16)
-    ap.add_argument("--gen-train-ratio", type=float, default=None,
-                    help="rollout work / training work of one batch on one accelerator (default: measured)")
+    ap.add_argument(
+        "--gen-train-ratio",
+        type=float,
+        default=None,
+        help="rollout work / training work of one batch on one accelerator (default: measured)",
+    )
     ap.add_argument("--push-frac", type=float, default=0.02, help="weight push time / one-accelerator train time")
     args = ap.parse_args()
     measured = OUT / "async_vs_sync.json"
@@ -121,8 +121,17 @@ def main() -> None:
     # Scale: one accelerator decodes a batch in (batch / slots) waves of mean_len steps -> 1.0 s of
     # work per unit; training work is that divided by the ratio.
     t_tok = 1.0 / (args.mean_len * args.batch / args.slots)
-    w = Workload(args.batch, args.steps, args.mean_len, args.max_len, args.tail_sigma, t_tok, args.slots,
-                 train_work=1.0 / ratio, push_s=args.push_frac / ratio)
+    w = Workload(
+        args.batch,
+        args.steps,
+        args.mean_len,
+        args.max_len,
+        args.tail_sigma,
+        t_tok,
+        args.slots,
+        train_work=1.0 / ratio,
+        push_s=args.push_frac / ratio,
+    )
     rows, out = [], []
     for n in args.gpus:
         base = colocated_sync(w, n)
@@ -132,15 +141,30 @@ def main() -> None:
             r, res = best_split(w, n, eta)
             row[f"eta{eta}"] = {"rollout_gpus": r, **res, "speedup_vs_coloc": base["time_s"] / res["time_s"]}
         out.append(row)
-        rows.append([n, f"{base['time_s'] / args.steps:.3f}", f"{sync_dis['time_s'] / args.steps:.3f} (r={r0})",
-                     *[f"{row[f'eta{e}']['speedup_vs_coloc']:.2f}x (r={row[f'eta{e}']['rollout_gpus']}, "
-                       f"stale<={row[f'eta{e}']['staleness_max']})" for e in args.etas]])
-    print(table(f"simulated step time, gen/train work ratio {ratio:.2f}, lengths lognormal sigma {args.tail_sigma} "
-                f"(mean {args.mean_len:.0f}, cap {args.max_len:.0f}), {args.batch} groups/step",
-                ["GPUs", "coloc sync s/step", "disagg sync s/step", *[f"eta={e} vs coloc" for e in args.etas]], rows))
+        rows.append(
+            [
+                n,
+                f"{base['time_s'] / args.steps:.3f}",
+                f"{sync_dis['time_s'] / args.steps:.3f} (r={r0})",
+                *[
+                    f"{row[f'eta{e}']['speedup_vs_coloc']:.2f}x (r={row[f'eta{e}']['rollout_gpus']}, "
+                    f"stale<={row[f'eta{e}']['staleness_max']})"
+                    for e in args.etas
+                ],
+            ]
+        )
+    print(
+        table(
+            f"simulated step time, gen/train work ratio {ratio:.2f}, lengths lognormal sigma {args.tail_sigma} "
+            f"(mean {args.mean_len:.0f}, cap {args.max_len:.0f}), {args.batch} groups/step",
+            ["GPUs", "coloc sync s/step", "disagg sync s/step", *[f"eta={e} vs coloc" for e in args.etas]],
+            rows,
+        )
+    )
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "async_sim.json").write_text(json.dumps({"args": vars(args), "gen_train_ratio": ratio, "rows": out},
-                                                   indent=1))
+    (OUT / "async_sim.json").write_text(
+        json.dumps({"args": vars(args), "gen_train_ratio": ratio, "rows": out}, indent=1)
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,103 @@
+"""The one Serve lifecycle every raypost caller uses: deploy a job's apps, yield, delete them.
+
+Serve apps outlive jobs and hold their replicas' CPUs and GPUs, so every app a job deploys is
+deleted when the job's block ends, also on error. Apps of the same name left by an earlier job
+that died are deleted first, so fresh replicas start from the model given here. Inside a
+placement group (a Tune trial), the apps are deployed from a task scheduled outside it: Serve's
+controller and replicas do not fit in the trial's group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from raypost.config.serve import RolloutConfig
+from raypost.serve.rollout_client import RolloutClient
+
+log = logging.getLogger("raypost")
+
+
+@dataclass(frozen=True)
+class App:
+    """One Serve app: its name, a builder of its ``serve.Application``, and its HTTP route
+    (None: reachable by handle only)."""
+
+    name: str
+    build: Callable[[], Any]
+    route_prefix: str | None = None
+
+
+def _deploy(apps: Sequence[App], host: str, port: int) -> None:
+    from ray import serve
+    from ray.serve.api import RunTarget
+
+    # Serve is cluster-wide and keeps the HTTP options it first started with; every raypost app
+    # starts it the same way (loopback unless configured). A no-op if Serve already runs.
+    serve.start(http_options={"host": host, "port": port})
+    stale = [a.name for a in apps if a.name in serve.status().applications]
+    for name in stale:
+        serve.delete(name)
+    serve.run_many([RunTarget(a.build(), name=a.name, route_prefix=a.route_prefix) for a in apps])
+
+
+def deploy(apps: Sequence[App], host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Deploy ``apps`` at once (from outside the caller's placement group, if it has one)."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    if ray.get_runtime_context().get_placement_group_id() is None:
+        _deploy(apps, host, port)
+        return
+    outside = PlacementGroupSchedulingStrategy(placement_group=None)
+    ray.get(ray.remote(num_cpus=0, scheduling_strategy=outside)(_deploy).remote(apps, host, port))
+
+
+def delete(names: Sequence[str]) -> None:
+    from ray import serve
+
+    for name in names:
+        try:
+            serve.delete(name)
+        except Exception as err:  # noqa: BLE001 - cleanup after a failure must not hide that failure
+            log.warning("could not delete the Serve app %r: %s", name, err)
+
+
+@contextlib.contextmanager
+def deployed(
+    apps: Sequence[App], host: str = "127.0.0.1", port: int = 8000, cleanup: Callable[[], None] | None = None
+) -> Iterator[None]:
+    """Deploy ``apps``, yield, then delete them and call ``cleanup`` (also on error)."""
+    try:
+        deploy(apps, host, port)
+        yield
+    finally:
+        delete([a.name for a in apps])
+        if cleanup is not None:
+            cleanup()
+
+
+def rollout(name: str, model_path: str, cfg: RolloutConfig, route_prefix: str | None = None) -> App:
+    """A rollout app (vLLM replicas as ``cfg`` says) serving ``model_path``."""
+
+    def build() -> Any:
+        from raypost.serve.rollout_app import build_app
+
+        return build_app(model_path, cfg)
+
+    return App(name, build, route_prefix)
+
+
+@contextlib.contextmanager
+def served(model_path: str, cfg: RolloutConfig, app: str, scratch: Path, chunk: int = 16) -> Iterator[RolloutClient]:
+    """A model served for one job: seq-KD's teacher answering the training prompts, or held-out
+    evaluation through vLLM (``eval.engine: vllm``). Yields a client; no weights are pushed, so
+    the replicas serve the model as loaded (``scratch/<app>_weights`` stays empty)."""
+    weights_dir = scratch / f"{app}_weights"
+    weights_dir.mkdir(parents=True, exist_ok=True)
+    with deployed([rollout(app, model_path, cfg.model_copy(update={"weights_dir": str(weights_dir)}))]):
+        yield RolloutClient(app, str(weights_dir), cfg.max_attempts, chunk=chunk, transport=cfg.weight_transport)
