@@ -46,7 +46,7 @@ def test_tied_export_stores_embeddings_once(tmp_path, tiny_model):
     assert "lm_head.weight" in state
     out = export_hf(model, tok, tmp_path / "tied", state_dict=state)
     with safe_open(str(out / "model.safetensors"), "pt") as f:
-        assert "lm_head.weight" not in f and "model.embed_tokens.weight" in f
+        assert "lm_head.weight" not in f.keys() and "model.embed_tokens.weight" in f.keys()  # noqa: SIM118
     back = load_causal_lm(out)
     assert torch.equal(back.lm_head.weight, back.model.embed_tokens.weight)
 

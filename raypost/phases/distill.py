@@ -185,7 +185,7 @@ def num_params(model_path: str) -> int:
     total = 0
     for f in Path(resolve(model_path)).glob("*.safetensors"):
         with safe_open(str(f), "pt") as fh:
-            for key in fh:
+            for key in fh.keys():  # noqa: SIM118 - safe_open is not iterable
                 n = 1
                 for d in fh.get_slice(key).get_shape():
                     n *= d

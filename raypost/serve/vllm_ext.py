@@ -21,7 +21,7 @@ def _tensors(path: str) -> Iterator:
     from raypost.serve.weights import reading
 
     with reading(path) as held, safe_open(held, framework="pt") as f:
-        for name in f:
+        for name in f.keys():  # noqa: SIM118 - safe_open is not iterable
             yield name, f.get_tensor(name)
 
 
