@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import OUT, ROOT, table
+from benchmarks.common import OUT, ROOT, flags, table
 
 DISAGG = [
     "--placement",
@@ -52,32 +52,19 @@ def run_variant(name: str, args: argparse.Namespace, extra: list[str], model: st
     out = OUT / "async_vs_sync"
     shutil.rmtree(out / name, ignore_errors=True)
     start = ["--model", model, "--warmup.enabled", "false"] if model else []
-    cmd = [
-        sys.executable,
-        "pipelines/grpo.py",
-        *start,
-        "--run.storage_path",
-        str(out),
-        "--run.name",
-        name,
-        "--run.wandb_mode",
-        "disabled",
-        "--run.checkpoint_every",
-        "1000000",
-        "--algo.steps",
-        str(args.steps),
-        "--algo.prompts_per_step",
-        str(args.prompts),
-        "--algo.group_size",
-        str(args.group_size),
-        "--algo.max_new_tokens",
-        str(args.max_new_tokens),
-        "--data.max_eval_samples",
-        str(args.eval_n),
-        "--rollout.weights_dir",
-        f"/dev/shm/raypost-async-{os.getpid()}-{name}",
-        *extra,
-    ]
+    over = {
+        "run.storage_path": out,
+        "run.name": name,
+        "run.wandb_mode": "disabled",
+        "run.checkpoint_every": 1000000,
+        "algo.steps": args.steps,
+        "algo.prompts_per_step": args.prompts,
+        "algo.group_size": args.group_size,
+        "algo.max_new_tokens": args.max_new_tokens,
+        "data.max_eval_samples": args.eval_n,
+        "rollout.weights_dir": f"/dev/shm/raypost-async-{os.getpid()}-{name}",
+    }
+    cmd = [sys.executable, "pipelines/grpo.py", *start, *flags(over), *extra]
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode != 0:

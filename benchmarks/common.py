@@ -45,6 +45,11 @@ def prompts_for(model_path: Path, k: int) -> list[list[int]]:
     return [prompt_ids(tok, r["question"], None) for r in synthetic.generate(k, seed=99)]
 
 
+def flags(values: Mapping[str, Any]) -> list[str]:
+    """{"run.name": "x", "algo.steps": 4} -> ["--run.name", "x", "--algo.steps", "4"] (a pipeline's overrides)."""
+    return [x for k, v in values.items() for x in (f"--{k}", str(v))]
+
+
 def run_child(
     script: Path,
     args: list[str],

@@ -35,53 +35,34 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import OUT, ROOT, step_timer, table
+from benchmarks.common import OUT, ROOT, flags, step_timer, table
 
 
 def run_raypost(args: argparse.Namespace, out: Path) -> dict:
     """pipelines/distill.py (on_policy, GKD loss) on its own local cluster."""
     run = out / "raypost"
     shutil.rmtree(run, ignore_errors=True)
-    cmd = [
-        sys.executable,
-        "pipelines/distill.py",
-        "--run.storage_path",
-        str(out),
-        "--run.name",
-        "raypost",
-        "--run.wandb_mode",
-        "disabled",
-        "--run.checkpoint_every",
-        "1000000",
-        "--run.log_every",
-        "1",
-        "--data.max_eval_samples",
-        str(args.eval_n),
-        "--distill.mode",
-        "on_policy",
-        "--distill.on_policy_loss",
-        "gkd",
-        "--distill.divergence",
-        "jsd",
-        "--distill.beta",
-        "0.5",
-        "--distill.top_k",
-        str(args.top_k),
-        "--distill.samples_per_prompt",
-        "1",
-        "--distill.prompts_per_step",
-        str(args.prompts),
-        "--distill.on_policy_steps",
-        str(args.steps),
-        "--distill.max_new_tokens",
-        str(args.max_new_tokens),
-        "--distill.on_policy_optim.lr",
-        str(args.lr),
-        "--distill.on_policy_optim.micro_batch_size",
-        str(args.prompts // 2),
-        "--rollout.weights_dir",
-        f"/dev/shm/raypost-bench-{os.getpid()}",
-    ]
+    over = {
+        "run.storage_path": out,
+        "run.name": "raypost",
+        "run.wandb_mode": "disabled",
+        "run.checkpoint_every": 1000000,
+        "run.log_every": 1,
+        "data.max_eval_samples": args.eval_n,
+        "distill.mode": "on_policy",
+        "distill.on_policy_loss": "gkd",
+        "distill.divergence": "jsd",
+        "distill.beta": 0.5,
+        "distill.top_k": args.top_k,
+        "distill.samples_per_prompt": 1,
+        "distill.prompts_per_step": args.prompts,
+        "distill.on_policy_steps": args.steps,
+        "distill.max_new_tokens": args.max_new_tokens,
+        "distill.on_policy_optim.lr": args.lr,
+        "distill.on_policy_optim.micro_batch_size": args.prompts // 2,
+        "rollout.weights_dir": f"/dev/shm/raypost-bench-{os.getpid()}",
+    }
+    cmd = [sys.executable, "pipelines/distill.py", *flags(over)]
     if args.config:
         cmd += ["--config", args.config]
     if args.teacher:
@@ -199,7 +180,7 @@ def heldout_accuracy(model: str, run: Path, n: int) -> float:
     return accuracy(model, rows, 48, 64)["accuracy"]
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--config",
@@ -216,7 +197,11 @@ def main() -> None:
     ap.add_argument("--top-k", type=int, default=16)
     ap.add_argument("--eval-n", type=int, default=200)
     ap.add_argument("overrides", nargs="*", help="pipeline config overrides after --, e.g. -- --train.max_steps 40")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     tag = "" if args.config is None else "_" + Path(args.config).stem
     out = OUT / f"distill_vs_trl{tag}"
     out.mkdir(parents=True, exist_ok=True)

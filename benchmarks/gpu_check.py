@@ -155,6 +155,32 @@ def check_zero3_push(ctx: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _init_ray(address: str | None, cuda: bool) -> None:
+    import ray
+
+    if address:  # a running cluster (the test suite's)
+        ray.init(address=address, log_to_driver=False)
+    else:
+        tmp = tempfile.mkdtemp(prefix="rgc", dir="/tmp")
+        ray.init(num_cpus=2, num_gpus=1 if cuda else 0, include_dashboard=False, _temp_dir=tmp)
+
+
+def _compare(model: Any, prompts: list[list[int]], got: list[dict], device: str) -> tuple[bool, float]:
+    """Whether the replica's greedy tokens are the model's, and the largest log-prob gap."""
+    import torch
+
+    tokens_equal, worst = True, 0.0
+    for p, out in zip(prompts, got):
+        c = out["completions"][0]
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([p + c["token_ids"]], device=device)).logits[0, len(p) - 1 : -1]
+        lps = torch.log_softmax(logits.float(), -1)
+        tokens_equal &= lps.argmax(-1).tolist() == c["token_ids"]
+        want = lps.gather(1, torch.tensor(c["token_ids"], device=device)[:, None])[:, 0].tolist()
+        worst = max(worst, *(abs(a - b) for a, b in zip(c["logprobs"], want)))
+    return tokens_equal, worst
+
+
 def check_replica_push(ctx: dict[str, Any]) -> dict[str, Any]:
     import ray
     import torch
@@ -191,15 +217,7 @@ def check_replica_push(ctx: dict[str, Any]) -> dict[str, Any]:
         for p in model.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=g))
     state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
-    if ctx["ray_address"]:  # a running cluster (the test suite's)
-        ray.init(address=ctx["ray_address"], log_to_driver=False)
-    else:
-        ray.init(
-            num_cpus=2,
-            num_gpus=1 if cuda else 0,
-            include_dashboard=False,
-            _temp_dir=tempfile.mkdtemp(prefix="rgc", dir="/tmp"),
-        )
+    _init_ray(ctx["ray_address"], cuda)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
         serve.run(build_app(str(ctx["model"]), cfg), name=APP, route_prefix=None)
@@ -210,18 +228,7 @@ def check_replica_push(ctx: dict[str, Any]) -> dict[str, Any]:
         serve.delete(APP)
         channel(cfg.weight_transport, wdir).close()
         ray.shutdown()
-    model = model.to(ctx["device"]).eval()
-    tokens_equal, worst = True, 0.0
-    for p, out in zip(prompts, got):
-        c = out["completions"][0]
-        with torch.no_grad():
-            logits = model(input_ids=torch.tensor([p + c["token_ids"]], device=ctx["device"])).logits[
-                0, len(p) - 1 : -1
-            ]
-        lps = torch.log_softmax(logits.float(), -1)
-        tokens_equal &= lps.argmax(-1).tolist() == c["token_ids"]
-        want = lps.gather(1, torch.tensor(c["token_ids"], device=ctx["device"])[:, None])[:, 0].tolist()
-        worst = max(worst, *(abs(a - b) for a, b in zip(c["logprobs"], want)))
+    tokens_equal, worst = _compare(model.to(ctx["device"]).eval(), prompts, got, ctx["device"])
     ok = tokens_equal and worst < 1e-2 and all(o["version"] == 1 for o in got)
     return {"ok": ok, "greedy_tokens_equal": tokens_equal, "max_logprob_diff": worst, "push_s": push_s}
 

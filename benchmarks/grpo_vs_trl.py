@@ -39,8 +39,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from benchmarks.common import OUT, ROOT, SHAPES, model_for, table
+from benchmarks.common import OUT, ROOT, SHAPES, flags, model_for, table
 
 NUM_TRAIN = 2000
 FLEXIBLE = {
@@ -60,63 +61,52 @@ def run_raypost(args: argparse.Namespace, model: Path, out: Path) -> dict:
     """pipelines/grpo.py on its own local cluster; returns per-step metrics and the trained ids."""
     run = out / "raypost"
     shutil.rmtree(run, ignore_errors=True)
-    cmd = [
-        sys.executable,
-        "pipelines/grpo.py",
-        "--model",
-        str(model),
-        "--run.storage_path",
-        str(out),
-        "--run.name",
-        "raypost",
-        "--run.wandb_mode",
-        "disabled",
-        "--run.checkpoint_every",
-        "1000000",
-        "--data.synthetic.num_train",
-        str(NUM_TRAIN),
-        "--data.max_eval_samples",
-        "32",
-        "--warmup.train.max_steps",
-        str(args.warmup_steps),
-        "--algo.steps",
-        str(args.steps),
-        "--algo.group_size",
-        str(args.group_size),
-        "--algo.prompts_per_step",
-        str(args.prompts),
-        "--algo.max_new_tokens",
-        str(args.max_new_tokens),
-        "--algo.beta",
-        "0",
-        "--algo.loss",
-        "grpo",
-        "--optim.lr",
-        str(args.lr),
-        "--optim.micro_batch_size",
-        str(args.micro_batch),
-        "--rollout.weights_dir",
-        f"/dev/shm/raypost-bench-{os.getpid()}",
-    ]
-    if args.model:  # a pretrained model: no warm-up, its chat template with the system prompt, flexible answers
-        cmd += [
-            "--warmup.enabled",
-            "false",
-            "--eval.extract",
-            "flexible",
-            "--eval.max_new_tokens",
-            str(args.max_new_tokens),
-            "--reward.rewards",
-            json.dumps([FLEXIBLE]),
-            "--algo.temperature",
-            str(args.temperature),
-        ]
-        cmd += ["--data.system_prompt", args.system] if args.system else []
+    cmd = [sys.executable, "pipelines/grpo.py", *flags(_raypost_overrides(args, model, out))]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"raypost run failed:\n{proc.stderr[-5000:]}")
+    return _read_run(run, args, model, time.time() - t0)
+
+
+def _raypost_overrides(args: argparse.Namespace, model: str | Path, out: Path) -> dict[str, Any]:
+    over: dict[str, Any] = {
+        "model.path": model,
+        "run.storage_path": out,
+        "run.name": "raypost",
+        "run.wandb_mode": "disabled",
+        "run.checkpoint_every": 1000000,
+        "data.synthetic.num_train": NUM_TRAIN,
+        "data.max_eval_samples": 32,
+        "warmup.train.max_steps": args.warmup_steps,
+        "algo.steps": args.steps,
+        "algo.group_size": args.group_size,
+        "algo.prompts_per_step": args.prompts,
+        "algo.max_new_tokens": args.max_new_tokens,
+        "algo.beta": 0,
+        "algo.loss": "grpo",
+        "optim.lr": args.lr,
+        "optim.micro_batch_size": args.micro_batch,
+        "rollout.weights_dir": f"/dev/shm/raypost-bench-{os.getpid()}",
+    }
+    if args.model:  # a pretrained model: no warm-up, its chat template with the system prompt, flexible answers
+        over.update(
+            {
+                "warmup.enabled": "false",
+                "eval.extract": "flexible",
+                "eval.max_new_tokens": args.max_new_tokens,
+                "reward.rewards": json.dumps([FLEXIBLE]),
+                "algo.temperature": args.temperature,
+            }
+        )
+        if args.system:
+            over["data.system_prompt"] = args.system
+    return over
+
+
+def _read_run(run: Path, args: argparse.Namespace, model: str | Path, wall_s: float) -> dict:
+    """Per-step metrics, phase times and trained ids of raypost's finished run."""
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r.get("phase") == "grpo"]
     trained = [json.loads(x)["ids"] for x in (run / "trained_samples.jsonl").read_text().splitlines()]
@@ -130,7 +120,7 @@ def run_raypost(args: argparse.Namespace, model: Path, out: Path) -> dict:
         "train_s": [r["train_s"] for r in steps],
         "push_s": [r["push_s"] for r in steps],
         "phase_s": report["phase_s"],
-        "job_wall_s": time.time() - t0,
+        "job_wall_s": wall_s,
         "warm_model": json.loads(warm.read_text())["model_path"] if warm.is_file() else str(model),
         "trained_ids": trained,
         "run": run,
@@ -157,33 +147,11 @@ def prompt_rows(run: Path, trained_ids: list[list[str]], group_size: int, system
     return rows
 
 
-def run_trl(args: argparse.Namespace, model: str, rows: list[dict], out: Path) -> dict:
-    """TRL GRPOTrainer on the same model, prompts (unshuffled) and rewards."""
-    import torch
-    from datasets import Dataset
-    from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+def _trl_config(args: argparse.Namespace, out: Path) -> Any:
+    """TRL's GRPOConfig for the same batch, loss and sampling as raypost's run."""
+    from trl import GRPOConfig
 
-    from raypost.models.hf import load_causal_lm, load_tokenizer
-    from raypost.rewards.verifiers import accuracy_reward
-
-    torch.set_num_threads(os.cpu_count() or 1)
-    step_s: list[float] = []
-    gen_s: list[float] = []
-    history: list[dict] = []
-
-    class Timer(TrainerCallback):
-        def on_step_begin(self, a, state, control, **kw):
-            self.t0 = time.perf_counter()
-
-        def on_step_end(self, a, state, control, **kw):
-            step_s.append(time.perf_counter() - self.t0)
-
-        def on_log(self, a, state, control, logs=None, **kw):
-            if logs and "reward" in logs:
-                history.append(dict(logs))
-
-    cfg = GRPOConfig(
+    return GRPOConfig(
         output_dir=str(out / "trl"),
         per_device_train_batch_size=args.prompts * args.group_size,
         num_generations=args.group_size,
@@ -210,6 +178,33 @@ def run_trl(args: argparse.Namespace, model: str, rows: list[dict], out: Path) -
         dataloader_num_workers=0,
         dataloader_pin_memory=False,
     )
+
+
+def run_trl(args: argparse.Namespace, model: str, rows: list[dict], out: Path) -> dict:
+    """TRL GRPOTrainer on the same model, prompts (unshuffled) and rewards."""
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOTrainer
+
+    from raypost.models.hf import load_causal_lm, load_tokenizer
+    from raypost.rewards.verifiers import accuracy_reward
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    step_s, gen_s, history = [], [], []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, a, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, a, state, control, **kw):
+            step_s.append(time.perf_counter() - self.t0)
+
+        def on_log(self, a, state, control, logs=None, **kw):
+            if logs and "reward" in logs:
+                history.append(dict(logs))
+
+    cfg = _trl_config(args, out)
 
     def flexible_accuracy(prompts, completions, answer, **kwargs):  # TRL names a reward by __name__
         return accuracy_reward(prompts, completions, answer, extract="flexible")
@@ -297,7 +292,7 @@ def summarize(name: str, res: dict, skip: int) -> dict:
     }
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     ap.add_argument("--steps", type=int, default=12)
@@ -316,7 +311,11 @@ def main() -> None:
     )
     ap.add_argument("--system", default=None, help="--model: the system prompt (default: examples/grpo_smollm2.yaml's)")
     ap.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1.0; --model 0.7)")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     if args.model:
         args.system = args.system or SYSTEM
     args.temperature = args.temperature or (0.7 if args.model else 1.0)
@@ -338,6 +337,11 @@ def main() -> None:
         from benchmarks.grpo_limit import summarize as summarize_limit
 
         rows.append({**summarize_limit(limit, args.skip), "mean_reward": None, "reward_per_step": []})
+    report(args, tag, rows, ours, theirs)
+
+
+def report(args: argparse.Namespace, tag: str, rows: list[dict], ours: dict, theirs: dict) -> None:
+    """The comparison table, and its JSON in benchmarks/out."""
     ratio = rows[0]["median_step_s"] / rows[1]["median_step_s"]
     vs_limit = rows[0]["median_step_s"] / rows[2]["median_step_s"] if args.model else None
     print(

@@ -21,9 +21,11 @@ import socket
 import statistics
 import threading
 import time
+from typing import Any
 
 import requests
-from common import OUT, table
+
+from benchmarks.common import OUT, table
 
 
 def free_port() -> int:
@@ -76,7 +78,7 @@ def load(url: str, clients: int, seconds: float, items: int) -> dict:
     }
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--seconds", type=float, default=30)
@@ -87,37 +89,39 @@ def main() -> None:
     ap.add_argument("--batch-wait-timeout-s", type=float, default=0.005)
     ap.add_argument("--model", default=None, help="reward model (sequence classifier) served with the verifiers")
     ap.add_argument("--batching", nargs="*", default=[], help="SIZE:WAIT serve.batch settings to compare first")
-    args = ap.parse_args()
+    return ap.parse_args()
 
-    import ray
+
+def setups(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
+    """(row label, reward-service config overrides) of every setup to measure."""
+    out = []
+    for b in args.batching:
+        size, wait = b.split(":")
+        out.append(
+            (
+                f"1 replica, batch {b}",
+                {"num_replicas": 1, "max_batch_size": int(size), "batch_wait_timeout_s": float(wait)},
+            )
+        )
+    out += [(f"{r} replica(s)", {"num_replicas": r}) for r in args.replicas]
+    if args.autoscale:
+        top = max(args.replicas)
+        out.append((f"autoscale 1..{top}", {"autoscale_max_replicas": top, "target_ongoing_requests": 4}))
+    return out
+
+
+def measure(args: argparse.Namespace, port: int) -> list[dict[str, Any]]:
+    """Each setup deployed in turn as the "reward" app, loaded by each client count."""
     from ray import serve
 
     from raypost.config import build
     from raypost.config.serve import RewardServiceConfig
     from raypost.serve.reward_app import build_app
 
-    ray.init(include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    batching = [
-        (
-            f"1 replica, batch {b}",
-            {"num_replicas": 1, "max_batch_size": int(b.split(":")[0]), "batch_wait_timeout_s": float(b.split(":")[1])},
-        )
-        for b in args.batching
-    ]
-    setups = batching + [(f"{r} replica(s)", {"num_replicas": r}) for r in args.replicas]
-    if args.autoscale:
-        setups.append(
-            (
-                f"autoscale 1..{max(args.replicas)}",
-                {"autoscale_max_replicas": max(args.replicas), "target_ongoing_requests": 4},
-            )
-        )
-    results, rows = [], []
+    results = []
     cpus = max(0.25, (os.cpu_count() or 2) / (2 * max(args.replicas)))
-    for label, extra in setups:
-        model = {"model": {"path": args.model, "name": "rm", "max_length": 256}} if args.model else {}
+    model = {"model": {"path": args.model, "name": "rm", "max_length": 256}} if args.model else {}
+    for label, extra in setups(args):
         cfg = build(
             RewardServiceConfig,
             {
@@ -130,35 +134,42 @@ def main() -> None:
         )
         serve.run(build_app(cfg), name="reward", route_prefix="/")
         for n in [max(args.clients)] if label.startswith("1 replica, batch") else args.clients:
-            res = {
-                "setup": label,
-                "clients": n,
-                **load(f"http://127.0.0.1:{port}/v1/rewards", n, args.seconds, args.items),
-            }
-            results.append(res)
-            rows.append(
-                [
-                    label,
-                    n,
-                    res["requests"],
-                    res["errors"],
-                    f"{res['rps']:.1f}",
-                    f"{res['p50_ms']:.1f}",
-                    f"{res['p99_ms']:.1f}",
-                ]
-            )
+            url = f"http://127.0.0.1:{port}/v1/rewards"
+            results.append({"setup": label, "clients": n, **load(url, n, args.seconds, args.items)})
         serve.delete("reward")
+    return results
+
+
+def main() -> None:
+    args = parse_args()
+
+    import ray
+    from ray import serve
+
+    ray.init(include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    results = measure(args, port)
     serve.shutdown()
     ray.shutdown()
-    print(
-        table(
-            f"\nreward endpoint load, {args.items} items/request, {args.seconds:.0f} s per row, "
-            f"reward model: {args.model or 'none'}; replica rows: max_batch_size {args.max_batch_size}, "
-            f"batch_wait_timeout_s {args.batch_wait_timeout_s}",
-            ["setup", "clients", "requests", "errors", "req/s", "p50 ms", "p99 ms"],
-            rows,
-        )
+    rows = [
+        [
+            r["setup"],
+            r["clients"],
+            r["requests"],
+            r["errors"],
+            f"{r['rps']:.1f}",
+            f"{r['p50_ms']:.1f}",
+            f"{r['p99_ms']:.1f}",
+        ]
+        for r in results
+    ]
+    title = (
+        f"\nreward endpoint load, {args.items} items/request, {args.seconds:.0f} s per row, reward model: "
+        f"{args.model or 'none'}; replica rows: max_batch_size {args.max_batch_size}, "
+        f"batch_wait_timeout_s {args.batch_wait_timeout_s}"
     )
+    print(table(title, ["setup", "clients", "requests", "errors", "req/s", "p50 ms", "p99 ms"], rows))
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "reward_load.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=2))
 

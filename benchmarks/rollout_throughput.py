@@ -22,7 +22,7 @@ import statistics
 import time
 from pathlib import Path
 
-from common import OUT, model_for, prompts_for, run_child, table
+from benchmarks.common import OUT, model_for, prompts_for, run_child, table
 
 
 def timed_rounds(fn, repeats: int) -> list[float]:

@@ -11,10 +11,11 @@ import torch
 
 from raypost.config import DataConfig
 from raypost.data import IGNORE_INDEX, completion_ids, final_answer, prompt_ids, sft_example, synthetic
+from raypost.data.collate import block_causal_mask, collate
 from raypost.data.packing import pack_frame
 from raypost.data.rows import normalize_row, qa_schema
 from raypost.rewards.verifiers import accuracy_reward, answers_match
-from raypost.train.batches import block_causal_mask, collate, token_loss_sums
+from raypost.train.batches import token_loss_sums
 from tests.conftest import GSM8K
 
 

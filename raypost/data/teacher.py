@@ -3,7 +3,7 @@ teacher's top-k next-token log-probs per position, so the student's KD data stay
 (k values per token instead of the vocabulary).
 
 Each row gains ``teacher_ids`` and ``teacher_logprobs``: flat lists of ``len(input_ids) * k``
-(position-major), read back by ``train.batches.collate`` as ``[B, T, k]``.
+(position-major), read back by ``data.collate.collate`` as ``[B, T, k]``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class TeacherTopK:
 
     @torch.no_grad()
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
-        from raypost.train.batches import collate
+        from raypost.data.collate import collate
 
         rows = batch.to_dict("records")
         inputs = collate(rows, self.pad_id)

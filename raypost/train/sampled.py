@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from raypost.rl.records import Sequence
-from raypost.serve.channel import rollout_channel
+from raypost.serve.channel import WeightChannel, rollout_channel
 from raypost.train import checkpointing
 from raypost.train.collectives import broadcast_from_rank0
 from raypost.train.loop import Learner, Taken, Worker, _nothing, run_learner
@@ -41,6 +41,51 @@ class Sampler:
     stop: Callable[[], None] = _nothing  # rank 0, however the loop ends
 
 
+@dataclass
+class _Hooks:
+    """The skeleton's hooks for a sampling learner on one rank."""
+
+    sampler: Sampler
+    rank: int
+    world: int
+    engine: Any
+    zero_stage: int
+    bucket_mb: int
+    state: checkpointing.ControllerState
+    chan: WeightChannel
+    batch: list[Sequence] = field(default_factory=list)  # the whole global batch of the step, for ``extra``
+
+    def push(self) -> float:
+        return push_weights(
+            self.engine, self.zero_stage, self.state.weight_version, self.chan, self.rank, self.bucket_mb
+        )
+
+    def start(self) -> None:
+        self.push()  # the restored weights
+        if self.rank == 0:
+            self.sampler.start()
+
+    def take(self, st: checkpointing.ControllerState) -> Taken:
+        got = (*self.sampler.take(st), st.cursor) if self.rank == 0 else None
+        self.batch, metrics, st.cursor = broadcast_from_rank0(got, self.rank)
+        return Taken(self.batch[self.rank :: self.world], [s.sample_id for s in self.batch], metrics)
+
+    def after(self, st: checkpointing.ControllerState, metrics: dict[str, float], t0: float) -> dict[str, float]:
+        st.weight_version += 1
+        out = {"push_s": self.push()}
+        if self.rank == 0:
+            self.sampler.advance(st.weight_version)
+        out.update(self.sampler.extra(self.batch, {**metrics, **out}, time.perf_counter() - t0))
+        return {**out, "step_s": time.perf_counter() - t0, "weight_version": st.weight_version}
+
+    def stop(self) -> None:
+        try:
+            if self.rank == 0:
+                self.sampler.stop()
+        finally:
+            self.chan.stop_serving()
+
+
 def run_steps(
     cfg: Any,
     config: dict[str, Any],
@@ -53,49 +98,27 @@ def run_steps(
 ) -> None:
     """The loop, from the restored ``state`` to ``sampler.steps`` (``config``: the Ray Train
     loop config, with run_dir and weights_dir; ``cfg``: the pipeline config)."""
-    zero, bucket_mb = cfg.deepspeed.zero_stage, cfg.rollout.weight_bucket_mb
-    chan = rollout_channel(cfg.rollout, config["weights_dir"])
-    batch: list[list[Sequence]] = [[]]  # the whole global batch of the step, for ``extra``
-
-    def push() -> float:
-        return push_weights(engine, zero, state.weight_version, chan, rank, bucket_mb)
-
-    def start() -> None:
-        push()  # the restored weights
-        if rank == 0:
-            sampler.start()
-
-    def take(st: checkpointing.ControllerState) -> Taken:
-        got = (*sampler.take(st), st.cursor) if rank == 0 else None
-        seqs, metrics, st.cursor = broadcast_from_rank0(got, rank)
-        batch[0] = seqs
-        return Taken(seqs[rank::world], [s.sample_id for s in seqs], metrics)
-
-    def after(st: checkpointing.ControllerState, metrics: dict[str, float], t0: float) -> dict[str, float]:
-        st.weight_version += 1
-        out = {"push_s": push()}
-        if rank == 0:
-            sampler.advance(st.weight_version)
-        out.update(sampler.extra(batch[0], {**metrics, **out}, time.perf_counter() - t0))
-        return {**out, "step_s": time.perf_counter() - t0, "weight_version": st.weight_version}
-
-    def stop() -> None:
-        try:
-            if rank == 0:
-                sampler.stop()
-        finally:
-            chan.stop_serving()
-
+    zero = cfg.deepspeed.zero_stage
+    hooks = _Hooks(
+        sampler,
+        rank,
+        world,
+        engine,
+        zero,
+        cfg.rollout.weight_bucket_mb,
+        state,
+        rollout_channel(cfg.rollout, config["weights_dir"]),
+    )
     learner = Learner(
         phase=sampler.phase,
         label=sampler.label,
         steps=sampler.steps,
-        take=take,
+        take=hooks.take,
         learn=sampler.learn,
-        after=after,
+        after=hooks.after,
         shown=sampler.shown,
-        start=start,
-        stop=stop,
+        start=hooks.start,
+        stop=hooks.stop,
     )
     worker = Worker(
         rank=rank,

@@ -15,8 +15,9 @@ import ray.train
 import torch
 
 from raypost.config import SFTConfig
+from raypost.data.collate import collate
 from raypost.train import checkpointing
-from raypost.train.batches import collate, rank_slice
+from raypost.train.batches import rank_slice
 from raypost.train.collectives import all_sum
 from raypost.train.engine import set_hyperparams, setup_learner
 from raypost.train.loop import Learner, Worker, run_learner, take_from

@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from raypost.train.batches import collate, micro_batches, to_device
+from raypost.data.collate import collate
+from raypost.train.batches import micro_batches, to_device
 from raypost.train.collectives import all_sum
 from raypost.train.objectives import Objective, cross_entropy, objective_tokens
 from raypost.train.steps import accumulate, mean_metrics
