@@ -8,6 +8,9 @@ the Serve apps (``raypost.serve``), algorithms (``raypost.algos``) and rewards
 from raypost.config import ConfigError, SFTConfig, load_config
 from raypost.config.grpo import GRPOConfig
 from raypost.config.serve import RewardServiceConfig, RolloutConfig
+from raypost.utils.logs import configure_raypost_logger
+
+configure_raypost_logger()
 
 __version__ = "0.1.0"
 __all__ = [

@@ -29,7 +29,8 @@ def drive(head: LocalHead, model: Path, weights_dir: str, log: Path, transport: 
         proc = subprocess.Popen(
             [
                 sys.executable,
-                str(ROOT / "tests" / "weights_multinode_driver.py"),
+                "-m",
+                "tests.weights_multinode_driver",
                 str(model),
                 weights_dir,
                 transport,

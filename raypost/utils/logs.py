@@ -9,10 +9,30 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def configure_raypost_logger(level: int = logging.INFO) -> None:
+    """raypost's own handler on its logger, in every process that imports raypost (the driver,
+    Ray Train workers, Serve replicas, Ray Data tasks): whatever a library did to the root logger
+    (Ray Train's workers print bare messages), raypost's lines keep one format, which a quiet
+    run's filter (``KEEP``) recognizes. ``RAYPOST_CONFIGURE_LOGGING=0`` leaves logging alone."""
+    if os.environ.get("RAYPOST_CONFIGURE_LOGGING", "1") == "0":
+        return
+    logger = logging.getLogger("raypost")
+    if not any(getattr(h, "_raypost", False) for h in logger.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(FORMAT))
+        handler._raypost = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = False
+
 
 def setup_logging(level: int = logging.INFO) -> None:
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=False)
-    logging.getLogger("raypost").setLevel(level)
+    """The driver: the root logger's format, raypost's own handler, quieter libraries."""
+    logging.basicConfig(level=level, format=FORMAT, force=False)
+    configure_raypost_logger(level)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*TypedStorage is deprecated.*")
