@@ -62,7 +62,6 @@ def run_variant(name: str, args: argparse.Namespace, extra: list[str], model: st
         "algo.group_size": args.group_size,
         "algo.max_new_tokens": args.max_new_tokens,
         "data.max_eval_samples": args.eval_n,
-        "rollout.weights_dir": f"/dev/shm/raypost-async-{os.getpid()}-{name}",
     }
     cmd = [sys.executable, "pipelines/grpo.py", *start, *flags(over), *extra]
     t0 = time.time()

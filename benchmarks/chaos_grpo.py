@@ -61,8 +61,6 @@ class GRPOJob:
             self.name,
             "--algo.steps",
             str(self.steps),
-            "--rollout.weights_dir",
-            f"/dev/shm/raypost-chaos-{self.name}",
             *self.extra,
         ]
         return shlex.join([sys.executable, "pipelines/grpo.py", *args])

@@ -60,7 +60,6 @@ def run_raypost(args: argparse.Namespace, out: Path) -> dict:
         "distill.max_new_tokens": args.max_new_tokens,
         "distill.on_policy_optim.lr": args.lr,
         "distill.on_policy_optim.micro_batch_size": args.prompts // 2,
-        "rollout.weights_dir": f"/dev/shm/raypost-bench-{os.getpid()}",
     }
     cmd = [sys.executable, "pipelines/distill.py", *flags(over)]
     if args.config:

@@ -123,7 +123,7 @@ def check_zero3_push(ctx: dict[str, Any]) -> dict[str, Any]:
     from raypost.config import DeepSpeedConfig, OptimConfig
     from raypost.models.hf import load_causal_lm
     from raypost.train.engine import deepspeed_config, init_distributed
-    from raypost.train.sync import weight_buckets
+    from raypost.weights.buckets import weight_buckets
 
     process_group(ctx)
     init_distributed()
@@ -190,12 +190,10 @@ def check_replica_push(ctx: dict[str, Any]) -> dict[str, Any]:
     from raypost.config.serve import RolloutConfig
     from raypost.data import prompt_ids, synthetic
     from raypost.models.hf import load_causal_lm, load_tokenizer
-    from raypost.serve.channel import channel
     from raypost.serve.rollout_app import build_app
     from raypost.serve.rollout_client import RolloutClient
 
     cuda = ctx["device"] == "cuda"
-    wdir = f"/dev/shm/raypost-gpu-check-{os.getpid()}"
     cfg = build(
         RolloutConfig,
         {
@@ -203,9 +201,8 @@ def check_replica_push(ctx: dict[str, Any]) -> dict[str, Any]:
             "cpus_per_replica": 1,
             "gpus_per_replica": 1 if cuda else 0,
             "max_model_len": 256,
-            "weights_dir": wdir,
             "dtype": "float32",
-            "weight_transport": "object_store",
+            "weights": {"transport": "object_store"},
             "gpu_memory_utilization": 0.3,
         },
     )
@@ -220,13 +217,17 @@ def check_replica_push(ctx: dict[str, Any]) -> dict[str, Any]:
     _init_ray(ctx["ray_address"], cuda)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
-        serve.run(build_app(str(ctx["model"]), cfg), name=APP, route_prefix=None)
-        client = RolloutClient(APP, wdir, transport=cfg.weight_transport)
+        from raypost.weights import open_channel
+
+        chan = open_channel(cfg, f"gpu-check-{os.getpid()}")
+        serve.run(build_app(str(ctx["model"]), cfg, chan), name=APP, route_prefix=None)
+        client = RolloutClient(APP, chan)
         push_s = client.update_weights(1, state)
         got = client.generate(prompts, 1, {"temperature": 0.0, "max_tokens": 12})
     finally:
         serve.delete(APP)
-        channel(cfg.weight_transport, wdir).close()
+        if "chan" in locals():
+            chan.close()
         ray.shutdown()
     tokens_equal, worst = _compare(model.to(ctx["device"]).eval(), prompts, got, ctx["device"])
     ok = tokens_equal and worst < 1e-2 and all(o["version"] == 1 for o in got)
@@ -238,8 +239,8 @@ def check_collective_nccl(ctx: dict[str, Any]) -> dict[str, Any]:
 
     import torch
 
-    from raypost.serve.collective import WeightServer
-    from raypost.serve.weights import specs_of
+    from raypost.weights import specs_of
+    from raypost.weights.collective import WeightServer
 
     g = torch.Generator().manual_seed(0)
     state = {"embed": torch.randn(1000, 512, generator=g), "norm": torch.randn(64, generator=g)}
@@ -247,7 +248,7 @@ def check_collective_nccl(ctx: dict[str, Any]) -> dict[str, Any]:
     try:
         server.offer(1, specs_of(state), [state])
         code = (
-            "import json, sys, torch; from raypost.serve.collective import request, receive; "
+            "import json, sys, torch; from raypost.weights.collective import request, receive; "
             "src = request(json.loads(sys.argv[1]), 1); "
             "print(json.dumps({k: float(v.double().sum()) for k, v in receive(src, 0, 'cuda:0')}))"
         )

@@ -88,7 +88,6 @@ def _raypost_overrides(args: argparse.Namespace, model: str | Path, out: Path) -
         "algo.loss": "grpo",
         "optim.lr": args.lr,
         "optim.micro_batch_size": args.micro_batch,
-        "rollout.weights_dir": f"/dev/shm/raypost-bench-{os.getpid()}",
     }
     if args.model:  # a pretrained model: no warm-up, its chat template with the system prompt, flexible answers
         over.update(

@@ -103,17 +103,9 @@ def child_serve(model: Path, prompts, n: int, max_tokens: int, repeats: int, rep
     from raypost.serve.rollout_client import RolloutClient
 
     ray.init(num_cpus=max(2, replicas), include_dashboard=False, log_to_driver=False)
-    cfg = build(
-        RolloutConfig,
-        {
-            "num_replicas": replicas,
-            "cpus_per_replica": 1,
-            "max_model_len": 512,
-            "weights_dir": f"/dev/shm/raypost-bench-{os.getpid()}",
-        },
-    )
+    cfg = build(RolloutConfig, {"num_replicas": replicas, "cpus_per_replica": 1, "max_model_len": 512})
     serve.run(build_app(str(model), cfg), name="rollout", route_prefix=None)
-    client = RolloutClient("rollout", cfg.weights_dir)
+    client = RolloutClient("rollout")  # no pushes: no weight channel
 
     def go() -> int:
         groups = asyncio.run(client.agenerate(prompts, n, {"temperature": 1.0, "max_tokens": max_tokens}))

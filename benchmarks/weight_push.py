@@ -21,7 +21,7 @@ actors set theirs to the driver's; Ray starts an actor with one).
   fetcher writes the pulled buckets into a memfd and maps it, as its engine's worker would.
 * collective, same node / other node: the same actors; the fetcher takes a ticket from the
   publisher's weight server and receives every bucket over a gloo group, as an engine worker
-  does (``raypost.serve.collective.receive``). Publish is the learner's copy into the buffer it serves.
+  does (``raypost.weights.collective.receive``). Publish is the learner's copy into the buffer it serves.
 
   .venv/bin/python -m benchmarks.weight_push                 # tiny model and SmolLM2 (if installed)
 """
@@ -49,11 +49,19 @@ def load_state(model_dir: Path) -> dict[str, Any]:
     return load_file(str(next(Path(model_dir).glob("*.safetensors"))))
 
 
-def read_tensors(path: str) -> int:
-    """What the engine's worker does with a pushed file (vllm_ext._tensors): every tensor read."""
-    from raypost.serve.vllm_ext import _tensors
+def read_tensors(source: dict[str, Any]) -> int:
+    """What the engine's worker does with a pushed version (``engine_tensors``): every tensor read."""
+    from raypost.weights.channel import engine_tensors
 
-    return sum(t.numel() * t.element_size() for _, t in _tensors(path))
+    return sum(t.numel() * t.element_size() for _, t in engine_tensors(source, None))
+
+
+def bench_channel(transport: str, key: str) -> Any:
+    """The ``transport`` channel of run ``key``, as a run's config opens it."""
+    from raypost.config.serve import RolloutConfig
+    from raypost.weights import open_channel
+
+    return open_channel(RolloutConfig(weights={"transport": transport}), key)
 
 
 def time_memcpy(state: dict[str, Any]) -> tuple[float, float]:
@@ -85,9 +93,7 @@ def time_memcpy(state: dict[str, Any]) -> tuple[float, float]:
 
 def time_shm(state: dict[str, Any], repeats: int) -> list[tuple[float, float]]:
     """(publish, publish + read) per version, after an untimed version 0 that starts the run's board."""
-    from raypost.serve.channel import channel
-
-    chan = channel("shm", f"/dev/shm/raypost-bench-{uuid.uuid4().hex[:8]}")
+    chan = bench_channel("shm", f"bench-{uuid.uuid4().hex[:8]}")
     out = []
     try:
         for version in range(repeats + 1):
@@ -95,7 +101,7 @@ def time_shm(state: dict[str, Any], repeats: int) -> list[tuple[float, float]]:
             chan.publish(version, state)
             t1 = time.perf_counter()
             _, source = asyncio.run(chan.fetch(-1))
-            read_tensors(source["file"])
+            read_tensors(source)
             out.append((t1 - t0, time.perf_counter() - t0))
         return out[1:]
     finally:
@@ -105,14 +111,12 @@ def time_shm(state: dict[str, Any], repeats: int) -> list[tuple[float, float]]:
 class Publisher:
     """The learner's rank 0: holds the state and publishes it (the object is owned here)."""
 
-    def __init__(self, model_dir: str, weights_dir: str, transport: str, threads: int) -> None:
+    def __init__(self, model_dir: str, key: str, transport: str, threads: int) -> None:
         import torch
-
-        from raypost.serve.channel import channel
 
         torch.set_num_threads(threads)  # as the driver's memcpy has (Ray starts an actor with 1)
         self.state = load_state(Path(model_dir))
-        self.chan = channel(transport, weights_dir)
+        self.chan = bench_channel(transport, key)
 
     def publish(self, version: int) -> float:
         t0 = time.perf_counter()
@@ -144,28 +148,17 @@ class Fetcher:
     memfd the replica wrote the pulled objects into; collective: receive every bucket from the
     learner's server)."""
 
-    def __init__(self, weights_dir: str, transport: str, threads: int) -> None:
+    def __init__(self, key: str, transport: str, threads: int) -> None:
         import torch
 
-        from raypost.serve.channel import channel
-
         torch.set_num_threads(threads)
-        self.chan = channel(transport, weights_dir)
+        self.chan = bench_channel(transport, key)
         self.have = 0
 
     async def fetch(self) -> float:
-        from raypost.serve.collective import receive
-
         t0 = time.perf_counter()
         self.have, source = await self.chan.fetch(self.have)
-        if "file" in source:
-            await asyncio.to_thread(read_tensors, source["file"])
-        elif "memfd" in source:  # as the engine's worker maps it (from this process here)
-            from raypost.serve.memfd import tensors
-
-            sum(t.numel() for _, t in tensors(source["memfd"]))
-        else:
-            await asyncio.to_thread(lambda: sum(t.numel() for _, t in receive(source["collective"], 0)))
+        await asyncio.to_thread(read_tensors, source)  # as the engine's worker reads it (from this process here)
         return time.perf_counter() - t0
 
     def release(self) -> None:
@@ -180,11 +173,11 @@ def time_across_nodes(
     import ray
 
     ray.init(address=address, log_to_driver=False)
-    weights_dir = f"/dev/shm/raypost-bench-{uuid.uuid4().hex[:8]}"
+    key = f"bench-{uuid.uuid4().hex[:8]}"
     on = {node: {"num_cpus": 0, "resources": {node: 0.01}} for node in ("node_a", "node_b")}
-    pub = ray.remote(Publisher).options(**on["node_a"]).remote(str(model_dir), weights_dir, transport, threads)
-    near = ray.remote(Fetcher).options(**on["node_a"]).remote(weights_dir, transport, threads)
-    far = ray.remote(Fetcher).options(**on["node_b"]).remote(weights_dir, transport, threads)
+    pub = ray.remote(Publisher).options(**on["node_a"]).remote(str(model_dir), key, transport, threads)
+    near = ray.remote(Fetcher).options(**on["node_a"]).remote(key, transport, threads)
+    far = ray.remote(Fetcher).options(**on["node_b"]).remote(key, transport, threads)
     out: dict[str, list[float]] = {"publish": [], "same node": [], "other node": [], "put alone": []}
     try:
         ray.get(pub.publish.remote(0))  # untimed: starts the run's board (and collective's server)

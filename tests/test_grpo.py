@@ -8,7 +8,6 @@ then a re-submission that resumes, asynchronous and with a reward model."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -125,7 +124,6 @@ def test_grpo_job_learns_then_resumes_async_with_a_reward_model(cluster, tmp_pat
     to move it to the worked solutions it already knows. Broken advantages, a loss of the wrong
     sign, weights that never reach the replicas or a stale reference all leave the gain at ~0.
     (One run serves both checks: a second GRPO job of its own cost this suite 5-10 minutes.)"""
-    weights = Path(f"/dev/shm/raypost-test-{tmp_path.name}")
     args = [
         "--run.storage_path",
         str(tmp_path),
@@ -143,11 +141,9 @@ def test_grpo_job_learns_then_resumes_async_with_a_reward_model(cluster, tmp_pat
         "1",
         "--optim.lr",
         "1e-4",
-        "--rollout.weights_dir",
-        str(weights),
         "--algo.prompts_per_step",
         "16",
-        "--rollout.weight_transport",
+        "--rollout.weights.transport",
         "object_store",
         *PINNED,
     ]
@@ -167,8 +163,8 @@ def test_grpo_job_learns_then_resumes_async_with_a_reward_model(cluster, tmp_pat
     trace = [(r["step"], round(r["reward_mean"], 3), round(r["behav_ratio_mean"], 4)) for r in grpo_rows(run)]
     assert all(abs(ratio - 1.0) < 0.02 for _, _, ratio in trace), trace  # the replicas served the learner's weights
     assert after >= before + 0.05, (before, after, trace)
-    # The finished job took its rollout and reward apps and its pushed weights with it.
-    assert serve_apps(head) == set() and not (weights / "g").exists()
+    # The finished job took its rollout and reward apps with it.
+    assert serve_apps(head) == set()
     # Every learner worker (warm-up and GRPO) ran on node A, every rollout replica on node B: the
     # pushed weights crossed nodes, and behav_ratio_mean (below) shows they arrived whole.
     assert actor_nodes(head, "RayTrainWorker") == {cluster.learner}
@@ -187,7 +183,7 @@ def test_grpo_job_learns_then_resumes_async_with_a_reward_model(cluster, tmp_pat
             str(total),
             "--async_rl.eta",
             "1",
-            "--rollout.weight_transport",
+            "--rollout.weights.transport",
             "collective",
             "--reward.model.path",
             str(untrained_reward_model),
@@ -196,8 +192,7 @@ def test_grpo_job_learns_then_resumes_async_with_a_reward_model(cluster, tmp_pat
         ],
     )
     assert "sft step" not in out
-    assert serve_apps(head) == set() and not (weights / "g").exists()
-    shutil.rmtree(weights, ignore_errors=True)
+    assert serve_apps(head) == set()
     grpo = grpo_rows(run)
     steps = list(range(1, total + 1))
     assert [r["step"] for r in grpo] == steps and [r["weight_version"] for r in grpo] == steps
@@ -248,7 +243,7 @@ def test_shm_weights_to_replicas_on_another_node_fail_before_anything_starts(clu
             str(tmp_path),
             "--run.wandb_mode",
             "disabled",
-            "--rollout.weight_transport",
+            "--rollout.weights.transport",
             "shm",
             *PINNED,
         ],
@@ -261,7 +256,7 @@ def test_shm_weights_to_replicas_on_another_node_fail_before_anything_starts(clu
     assert proc.returncode != 0 and time.time() - t0 < 60
     err = proc.stderr.strip().splitlines()[-1]
     assert err.startswith("raypost: no node can hold both a learner worker"), proc.stderr[-3000:]
-    for fix in ("rollout.weight_transport=object_store", "rollout.ray_resources", "rollout.shared_weights_dir=true"):
+    for fix in ("rollout.weights.transport=object_store", "rollout.ray_resources", "rollout.weights.shared=true"):
         assert fix in err
     assert not list(tmp_path.glob("*/base_model")), "it failed before the data phase"
 

@@ -74,16 +74,16 @@ def _nodes(*resources: dict, alive: bool = True) -> list[dict]:
 def test_shm_weights_need_a_node_that_can_hold_learner_and_replica(monkeypatch, nodes, transport, shared, ok):
     import ray
 
-    from raypost.serve.channel import check_weight_path
     from raypost.utils.cluster import ResourceError
+    from raypost.weights import check_weight_path
 
     monkeypatch.setattr(ray, "nodes", lambda: nodes)
-    rollout = RolloutConfig(weight_transport=transport, shared_weights_dir=shared)
+    rollout = RolloutConfig(weights={"transport": transport, **({"shared": shared} if transport == "shm" else {})})
     args = (rollout, {"CPU": 0.5, "learner_node": 1.0}, {"CPU": 1.0, "GPU": 0.0, "rollout_node": 1.0})
     if ok:
         check_weight_path(*args)
     else:
-        with pytest.raises(ResourceError, match="Set rollout.weight_transport=object_store"):
+        with pytest.raises(ResourceError, match="Set rollout.weights.transport=object_store"):
             check_weight_path(*args)
 
 

@@ -299,7 +299,7 @@ def test_a_push_that_never_reaches_the_replicas_fails_the_run_with_the_fix():
         with pytest.raises(
             RuntimeError,
             match=r"served weight version 0 after the learner had pushed version 1.*"
-            r"rollout.weights_dir",
+            r"rollout.weights.dir",
         ):
             p.take()
     finally:
@@ -309,7 +309,7 @@ def test_a_push_that_never_reaches_the_replicas_fails_the_run_with_the_fix():
 def test_weight_board_serves_the_last_publish_even_an_older_version():
     """A learner that resumes from an earlier checkpoint republishes an older version; replicas
     must go back to it, and only the last two publishes are kept."""
-    from raypost.serve.channel import WeightBoard
+    from raypost.weights import WeightBoard
 
     board = WeightBoard(keep=2)
     assert board.latest() == (0, None)

@@ -66,7 +66,6 @@ def rollout(serve_url, served_model):
     from raypost.serve.rollout_app import build_app
 
     tiny_model = served_model
-    wdir = f"/dev/shm/raypost-test-{uuid.uuid4().hex[:8]}"
     # Pushes stream over a gloo group from this process to the engine's worker here (collective,
     # in two buckets); the pipelines' tests cover shm (the default) and object_store.
     cfg = build(
@@ -75,17 +74,17 @@ def rollout(serve_url, served_model):
             "num_replicas": 1,
             "cpus_per_replica": 1,
             "max_model_len": 256,
-            "weights_dir": wdir,
-            "weight_transport": "collective",
+            "weights": {"transport": "collective"},
             "weight_bucket_mb": 1,
         },
     )
-    serve.run(build_app(str(tiny_model), cfg), name="rollout", route_prefix="/rollout")
-    yield {"cfg": cfg, "url": f"{serve_url}/rollout", "model": tiny_model}
-    serve.delete("rollout")
-    from raypost.serve.channel import channel
+    from raypost.weights import open_channel
 
-    channel(cfg.weight_transport, wdir).close()
+    chan = open_channel(cfg, f"test-{uuid.uuid4().hex[:8]}")
+    serve.run(build_app(str(tiny_model), cfg, chan), name="rollout", route_prefix="/rollout")
+    yield {"cfg": cfg, "url": f"{serve_url}/rollout", "model": tiny_model, "channel": chan}
+    serve.delete("rollout")
+    chan.close()
 
 
 def prompts_for(model_path, k: int = 4) -> list[list[int]]:
@@ -100,7 +99,7 @@ def prompts_for(model_path, k: int = 4) -> list[list[int]]:
 def test_push_then_parity_with_transformers(rollout):
     from raypost.serve.rollout_client import RolloutClient
 
-    client = RolloutClient("rollout", rollout["cfg"].weights_dir, transport=rollout["cfg"].weight_transport)
+    client = RolloutClient("rollout", rollout["channel"])
     prompts = prompts_for(rollout["model"])
     greedy = {"temperature": 0.0, "max_tokens": 16}
     w1 = perturbed(rollout["model"], 0.05, seed=1)
@@ -130,7 +129,7 @@ def test_teacher_scoring_matches_transformers(rollout):
     from raypost.serve.rollout_client import RolloutClient
 
     w = perturbed(rollout["model"], 0.05, seed=3)
-    RolloutClient("rollout", rollout["cfg"].weights_dir, transport=rollout["cfg"].weight_transport).update_weights(3, w)
+    RolloutClient("rollout", rollout["channel"]).update_weights(3, w)
     prompts = prompts_for(rollout["model"])
     want = hf_greedy(rollout["model"], w, prompts, 12)
     got = (
@@ -171,7 +170,7 @@ def test_lora_push_serves_the_merged_weights(rollout):
     before = {k: v.clone() for k, v in peft.state_dict().items()}
     state = full_state_dict(SimpleNamespace(module=peft), zero_stage=2)
     assert not any("lora" in k for k in state) and all(torch.equal(before[k], v) for k, v in peft.state_dict().items())
-    client = RolloutClient("rollout", rollout["cfg"].weights_dir, transport=rollout["cfg"].weight_transport)
+    client = RolloutClient("rollout", rollout["channel"])
     client.update_weights(4, {k: v for k, v in state.items() if k != "lm_head.weight"})
     prompts = prompts_for(rollout["model"])
     got = client.generate(prompts, 1, {"temperature": 0.0, "max_tokens": 12})
@@ -196,7 +195,7 @@ def test_lora_push_serves_the_merged_weights(rollout):
 def test_sampling_n_and_seed(rollout):
     from raypost.serve.rollout_client import RolloutClient
 
-    client = RolloutClient("rollout", rollout["cfg"].weights_dir, transport=rollout["cfg"].weight_transport)
+    client = RolloutClient("rollout", rollout["channel"])
     p = prompts_for(rollout["model"], 1)
     a = client.generate(p, 4, {"temperature": 1.0, "max_tokens": 8, "seed": 5})[0]["completions"]
     b = client.generate(p, 4, {"temperature": 1.0, "max_tokens": 8, "seed": 5})[0]["completions"]
@@ -250,7 +249,7 @@ def test_heldout_accuracy_on_vllm_reads_what_transformers_reads(served_model, se
     rollout = build(RolloutConfig, {"cpus_per_replica": 0.5, "max_model_len": 256})
     out = {
         engine: heldout_accuracy(
-            str(served_model), rows, EvalConfig(max_new_tokens=16, engine=engine), tmp_path, rollout, keep_samples=12
+            str(served_model), rows, EvalConfig(max_new_tokens=16, engine=engine), rollout, keep_samples=12
         )
         for engine in ("vllm", "transformers")
     }

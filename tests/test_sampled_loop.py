@@ -31,7 +31,6 @@ def world(monkeypatch, tmp_path):
         rec.events.append(("push", version, bucket_mb))
         return 0.01
 
-    monkeypatch.setattr(sampled, "rollout_channel", lambda rollout, weights_dir: Channel())
     monkeypatch.setattr(sampled, "push_weights", push)
     monkeypatch.setattr(
         checkpointing,
@@ -42,7 +41,7 @@ def world(monkeypatch, tmp_path):
     cfg = GRPOConfig.model_validate(
         {"run": {"checkpoint_every": 2, "wandb_mode": "disabled", "log_every": 1}, "rollout": {"weight_bucket_mb": 8}}
     )
-    config = {"run_dir": str(tmp_path), "weights_dir": str(tmp_path / "w"), "cfg": {}}
+    config = {"run_dir": str(tmp_path), "channel": Channel(), "cfg": {}}
     return rec, cfg, config, tmp_path
 
 

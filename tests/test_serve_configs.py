@@ -54,7 +54,33 @@ def test_rollout_cli_config():
     from serve_apps.rollout import RolloutAppConfig, _split
 
     cfg = load_config(RolloutAppConfig, ["--model", "/m", "--num_replicas", "2"])
-    model, rollout = _split(cfg)
+    model, rollout, chan = _split(cfg)
     assert model == "/m" and rollout.num_replicas == 2 and cfg.host == "127.0.0.1"
+    assert chan.transport == "shm" and chan.key == "rollout" and str(chan.dir) == "/dev/shm/raypost/rollout"
     with pytest.raises(ConfigError, match="config field 'model' is required: set it in the YAML or pass --model VALUE"):
         load_config(RolloutAppConfig, [])
+
+
+def test_weight_transport_settings_are_one_section_per_transport():
+    """``rollout.weights`` is a union told apart by ``transport``: each transport's own keys, a
+    key of another transport refused by name, the nearest key suggested, shm by default."""
+    import pickle
+
+    from raypost.config import load_config
+    from raypost.config.grpo import GRPOConfig
+    from raypost.weights import open_channel
+
+    cfg = load_config(GRPOConfig, ["--rollout.weights.transport", "collective", "--rollout.weight_bucket_mb", "8"])
+    chan = open_channel(cfg.rollout, "run-a")
+    assert (chan.transport, chan.key, chan.bucket_mb) == ("collective", "run-a", 8)
+    again = pickle.loads(pickle.dumps(chan))  # crosses to the replicas and the learner as settings and names
+    assert (type(again), again.key, again.settings) == (type(chan), "run-a", chan.settings)
+    shm = load_config(GRPOConfig, ["--rollout.weights.dir", "/mnt/shared", "--rollout.weights.shared", "true"])
+    assert shm.rollout.weights.transport == "shm" and shm.rollout.weights.shared
+    assert str(open_channel(shm.rollout, "r").dir) == "/mnt/shared/r"
+    with pytest.raises(ConfigError, match=r"unknown config key 'rollout.weights.dir'"):
+        load_config(GRPOConfig, ["--rollout.weights.transport", "object_store", "--rollout.weights.dir", "/x"])
+    with pytest.raises(ConfigError, match=r"did you mean 'rollout.weights.shared'\?"):
+        load_config(GRPOConfig, ["--rollout.weights.sharde", "true"])
+    with pytest.raises(ConfigError, match=r"rollout.weights"):
+        load_config(GRPOConfig, ["--rollout.weights.transport", "carrier_pigeon"])

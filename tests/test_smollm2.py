@@ -120,13 +120,14 @@ def test_push_parity_on_smollm2(serve_url, smollm2):
     from raypost.models.hf import load_causal_lm, load_tokenizer
     from raypost.serve.rollout_app import build_app
     from raypost.serve.rollout_client import RolloutClient
+    from raypost.weights import open_channel
 
-    wdir = f"/dev/shm/raypost-test-{uuid.uuid4().hex[:8]}"
-    cfg = build(RolloutConfig, {"num_replicas": 1, "cpus_per_replica": 1, "max_model_len": 512, "weights_dir": wdir})
-    serve.run(build_app(str(smollm2), cfg), name="smollm2", route_prefix="/smollm2")
+    cfg = build(RolloutConfig, {"num_replicas": 1, "cpus_per_replica": 1, "max_model_len": 512})
+    chan = open_channel(cfg, f"test-{uuid.uuid4().hex[:8]}")
+    serve.run(build_app(str(smollm2), cfg, chan), name="smollm2", route_prefix="/smollm2")
     try:
         tok, model = load_tokenizer(smollm2), load_causal_lm(smollm2)
-        client = RolloutClient("smollm2", wdir)
+        client = RolloutClient("smollm2", chan)
         prompt, greedy = long_prompt(tok), {"temperature": 0.0, "max_tokens": 16}
         before = client.generate([prompt], 1, greedy)[0]
         assert_parity(before, hf_greedy(model, prompt, 16, tok.eos_token_id), 0)
@@ -141,9 +142,7 @@ def test_push_parity_on_smollm2(serve_url, smollm2):
         assert_parity(after, hf_greedy(model, prompt, 16, tok.eos_token_id), 1)
     finally:
         serve.delete("smollm2")
-        from raypost.serve.channel import channel
-
-        channel(cfg.weight_transport, wdir).close()  # the version record and the pushed files
+        chan.close()  # the version record and the pushed files
 
 
 def test_named_model_config_in_every_pipeline():

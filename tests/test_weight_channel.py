@@ -19,14 +19,27 @@ import torch
 from tests.conftest import ROOT
 
 
+def channel(transport: str, key: str, **opts):
+    """A ``transport`` channel of run ``key``; shm's folder is /dev/shm/<key>."""
+    from raypost.config.weights import CollectiveWeights, ObjectStoreWeights, ShmWeights
+    from raypost.weights import TRANSPORTS
+
+    settings = {
+        "shm": ShmWeights(dir="/dev/shm"),
+        "object_store": ObjectStoreWeights(),
+        "collective": CollectiveWeights(),
+    }
+    return TRANSPORTS[transport](settings[transport], key, **opts)
+
+
 def test_shm_versions_are_recorded_in_ray_and_removed_at_close(ray_cluster):
     import ray
 
-    from raypost.serve.channel import NAMESPACE, channel
-    from raypost.serve.weights import WeightsNotReachedError
+    from raypost.weights import NAMESPACE, WeightsNotReachedError
 
-    wdir = Path(f"/dev/shm/raypost-test-{uuid.uuid4().hex[:8]}")
-    learner, replica = channel("shm", wdir), channel("shm", wdir)
+    key = f"raypost-test-{uuid.uuid4().hex[:8]}"
+    wdir = Path("/dev/shm") / key
+    learner, replica = channel("shm", key), channel("shm", key)
     try:
         assert asyncio.run(replica.fetch(0)) == (0, None)  # nothing published: no board yet
         for version in (1, 2, 3):
@@ -36,24 +49,24 @@ def test_shm_versions_are_recorded_in_ray_and_removed_at_close(ray_cluster):
         assert asyncio.run(replica.fetch(3)) == (3, None)  # already served
         # The record is the board; the folder holds only the last two versions' files.
         assert sorted(p.name for p in wdir.iterdir()) == ["v2.safetensors", "v3.safetensors"]
-        board = ray.get_actor(learner.name, namespace=NAMESPACE)
+        board = ray.get_actor(learner.board_name, namespace=NAMESPACE)
         assert ray.get(board.latest.remote())[0] == 3
         # A replica on another node than learner rank 0 finds the record but not the file.
         (wdir / "v3.safetensors").unlink()
         (wdir / "v2.safetensors").unlink()
-        with pytest.raises(WeightsNotReachedError, match="rollout.weight_transport=object_store"):
-            asyncio.run(channel("shm", wdir).fetch(0))
+        with pytest.raises(WeightsNotReachedError, match="rollout.weights.transport=object_store"):
+            asyncio.run(channel("shm", key).fetch(0))
     finally:
         learner.close()
     with pytest.raises(ValueError):
-        ray.get_actor(learner.name, namespace=NAMESPACE)
+        ray.get_actor(learner.board_name, namespace=NAMESPACE)
     assert not wdir.exists()
 
 
 def test_buckets_hold_whole_tensors_up_to_the_bucket_size():
-    from raypost.serve.collective import buckets_of
+    from raypost.weights.collective import buckets_of
 
-    # (name, dtype, shape, offset, bytes) as channel.pack lays them out
+    # (name, dtype, shape, offset, bytes) as memfd.layout lays them out
     meta = [
         ("a", "float32", [4], 0, 16),
         ("b", "float32", [4], 16, 16),
@@ -66,11 +79,10 @@ def test_buckets_hold_whole_tensors_up_to_the_bucket_size():
 
 
 def test_collective_channel_streams_the_newest_version_in_buckets(ray_cluster):
-    from raypost.serve.channel import channel
-    from raypost.serve.collective import receive
+    from raypost.weights.collective import receive
 
-    wdir = Path(f"/dev/shm/raypost-test-{uuid.uuid4().hex[:8]}")
-    learner, replica = channel("collective", wdir, bucket_mb=1), channel("collective", wdir)
+    key = f"raypost-test-{uuid.uuid4().hex[:8]}"
+    learner, replica = channel("collective", key, bucket_mb=1), channel("collective", key)
     g = torch.Generator().manual_seed(0)
     try:
         assert asyncio.run(replica.fetch(0)) == (0, None)
@@ -83,13 +95,13 @@ def test_collective_channel_streams_the_newest_version_in_buckets(ray_cluster):
             learner.publish(version, state)
         assert asyncio.run(replica.newer_than(0)) and not asyncio.run(replica.newer_than(2))
         version, source = asyncio.run(replica.fetch(0))
-        src = source["collective"]
+        src = source
         assert version == 2 and src["version"] == 2 and len(src["buckets"]) == 2  # 1.2 MB, 1 MiB buckets
         got = dict(receive(src, 0))
         assert got.keys() == state.keys()
         for k, v in state.items():
             assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
-        assert not wdir.exists()  # nothing written
+        assert not (Path("/dev/shm") / key).exists()  # nothing written
         assert [r.get("error") for r in learner._server.sent] == [None]
     finally:
         learner.stop_serving()
@@ -97,8 +109,8 @@ def test_collective_channel_streams_the_newest_version_in_buckets(ray_cluster):
 
 
 def test_a_receiver_that_never_joins_fails_only_its_own_transfer():
-    from raypost.serve.collective import WeightServer, receive, request
-    from raypost.serve.weights import specs_of
+    from raypost.weights import specs_of
+    from raypost.weights.collective import WeightServer, receive, request
 
     server = WeightServer("127.0.0.1", timeout_s=2.0, ticket_wait_s=0.5)
     try:
@@ -121,8 +133,8 @@ def test_a_receiver_that_never_joins_fails_only_its_own_transfer():
 
 
 def test_the_weight_server_refills_an_old_buffer_only_when_no_transfer_sends_it():
-    from raypost.serve.collective import WeightServer, receive, request
-    from raypost.serve.weights import specs_of
+    from raypost.weights import specs_of
+    from raypost.weights.collective import WeightServer, receive, request
 
     def state(v: int) -> dict[str, torch.Tensor]:
         return {"w": torch.full((1000,), float(v)), "h": torch.full((3,), float(v)).to(torch.bfloat16)}
@@ -152,7 +164,7 @@ def test_the_weight_server_refills_an_old_buffer_only_when_no_transfer_sends_it(
 def test_a_streamed_file_is_the_safetensors_file_of_its_buckets_or_nothing(tmp_path):
     from safetensors import safe_open
 
-    from raypost.serve import weights
+    from raypost.weights import shm as weights
 
     g = torch.Generator().manual_seed(0)
     state = {
@@ -182,7 +194,7 @@ def test_a_streamed_file_is_the_safetensors_file_of_its_buckets_or_nothing(tmp_p
 def test_an_old_version_file_is_rewritten_in_place_only_when_no_reader_holds_it(tmp_path):
     from safetensors.torch import load_file
 
-    from raypost.serve import weights
+    from raypost.weights import shm as weights
 
     def state(v: float) -> dict[str, torch.Tensor]:
         return {"w": torch.full((64, 64), v), "h": torch.full((7,), v).to(torch.bfloat16)}
@@ -206,9 +218,9 @@ def test_an_old_version_file_is_rewritten_in_place_only_when_no_reader_holds_it(
     files.publish(5, state(5))  # takes version 3's file
     with pytest.raises(FileNotFoundError), weights.reading(path3):
         pass
-    from raypost.serve.vllm_ext import _tensors  # the engine worker's reader holds the file as it reads
-
-    assert {k: v.eq(5).all().item() for k, v in _tensors(str(tmp_path / "v5.safetensors"))} == {"w": True, "h": True}
+    # the engine worker's reader holds the file as it reads
+    read = weights.ShmChannel.tensors({"transport": "shm", "file": str(tmp_path / "v5.safetensors")}, None)
+    assert {k: v.eq(5).all().item() for k, v in read} == {"w": True, "h": True}
     # Version 6 takes version 4's larger file and shrinks it. The writer maps only the files that
     # exist (a mapping of a deleted one would keep its memory), and none after close.
     path6 = files.publish(6, state(6))
@@ -234,7 +246,7 @@ def test_a_push_reads_the_weights_in_buckets_of_at_most_the_bucket_size(tiny_mod
     from types import SimpleNamespace
 
     from raypost.models.hf import load_causal_lm
-    from raypost.train.sync import weight_buckets
+    from raypost.weights.buckets import weight_buckets
 
     model = load_causal_lm(str(tiny_model))
     state = model.state_dict()
@@ -258,7 +270,7 @@ def _memfd_name(fd: int) -> str | None:
 
 READ_IN_ANOTHER_PROCESS = """
 import json, sys
-from raypost.serve.memfd import tensors
+from raypost.weights.memfd import tensors
 print(json.dumps({k: [str(t.dtype), t.float().reshape(-1).tolist()] for k, t in tensors(json.load(sys.stdin))}))
 """
 
@@ -266,11 +278,10 @@ print(json.dumps({k: [str(t.dtype), t.float().reshape(-1).tolist()] for k, t in 
 def test_object_store_channel_hands_a_version_put_in_buckets_to_the_workers_without_a_file(ray_cluster):
     """The learner puts a version in buckets; the replica pulls it once and writes it into a memfd,
     which an engine worker (another process) maps and reads; the next version replaces it."""
-    from raypost.serve.channel import channel
-    from raypost.serve.weights import specs_of
+    from raypost.weights import specs_of
 
-    wdir = Path(f"/dev/shm/raypost-test-{uuid.uuid4().hex[:8]}")
-    learner, replica = channel("object_store", wdir), channel("object_store", wdir)
+    key = f"raypost-test-{uuid.uuid4().hex[:8]}"
+    learner, replica = channel("object_store", key), channel("object_store", key)
     g = torch.Generator().manual_seed(0)
     # odd sizes and mixed dtypes: every tensor still starts aligned for its dtype
     state = {
@@ -284,12 +295,12 @@ def test_object_store_channel_hands_a_version_put_in_buckets_to_the_workers_with
         learner.publish_stream(4, specs_of(state), [dict(items[:1]), dict(items[1:])])
         sources = [asyncio.run(replica.fetch(0)) for _ in range(2)]  # a second engine asks: pulled once
         (version, source), (_, again) = sources
-        assert version == 4 and again == source and source["memfd"]["version"] == 4
-        fd = source["memfd"]["fd"]
+        assert version == 4 and again == source and source["version"] == 4
+        fd = source["fd"]
         assert _memfd_name(fd).startswith("/memfd:raypost-weights")
         out = subprocess.run(
             [sys.executable, "-c", READ_IN_ANOTHER_PROCESS],
-            input=json.dumps(source["memfd"]),
+            input=json.dumps(source),
             capture_output=True,
             text=True,
             cwd=ROOT,
@@ -302,10 +313,10 @@ def test_object_store_channel_hands_a_version_put_in_buckets_to_the_workers_with
         state = {k: v * 2 for k, v in state.items()}  # version 5, in one bucket: written over version 4
         learner.publish_stream(5, specs_of(state), [state])
         version, source = asyncio.run(replica.fetch(4))
-        assert version == 5 and source["memfd"]["fd"] == fd and source["memfd"]["version"] == 5
+        assert version == 5 and source["fd"] == fd and source["version"] == 5
         out = subprocess.run(
             [sys.executable, "-c", READ_IN_ANOTHER_PROCESS],
-            input=json.dumps(source["memfd"]),
+            input=json.dumps(source),
             capture_output=True,
             text=True,
             cwd=ROOT,
@@ -315,7 +326,7 @@ def test_object_store_channel_hands_a_version_put_in_buckets_to_the_workers_with
         assert json.loads(out.stdout)["w1"] == [str(state["w1"].dtype), state["w1"].reshape(-1).tolist()]
         with pytest.raises(ValueError, match="out of order"):
             learner.publish_stream(6, specs_of(state), [dict(items[1:]), dict(items[:1])])
-        assert not wdir.exists()  # no file on either side
+        assert not (Path("/dev/shm") / key).exists()  # no file on either side
     finally:
         replica.release()
         learner.close()
@@ -325,7 +336,7 @@ def test_object_store_channel_hands_a_version_put_in_buckets_to_the_workers_with
 def test_a_memfd_version_lays_tensors_out_aligned_and_refuses_bytes_that_do_not_match():
     import numpy as np
 
-    from raypost.serve.memfd import ALIGN, SharedWeights, layout, tensors
+    from raypost.weights.memfd import ALIGN, SharedWeights, layout, tensors
 
     specs = [("a", "bfloat16", [3]), ("b", "float32", [2, 2]), ("c", "int64", [])]
     meta, size = layout(specs)

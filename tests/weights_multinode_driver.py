@@ -1,7 +1,7 @@
 """Driver of ``tests/test_weights_multinode.py``, run by that test with RAY_ADDRESS set to its
 cluster: a head, where this process pushes weights as the learner's rank 0 would, and node B
 (``rollout_node``), where the rollout replicas must run. Weights go through TRANSPORT
-(``rollout.weight_transport``: object_store or collective). Each step is reported as one JSON
+(``rollout.weights.transport``: object_store or collective). Each step is reported as one JSON
 line on stdout. With SCALE=scale, before the last one it waits for a line on stdin, while the
 test adds node C.
 
@@ -76,16 +76,16 @@ def killed_during_push(client: Any, model: str, prompts: list[list[int]], victim
     return {"hung": worker.is_alive(), "errors": errors, "versions": [g["version"] for g in answers]}
 
 
-def main(model: str, weights_dir: str, transport: str, scale: bool) -> None:
+def main(model: str, key: str, transport: str, scale: bool) -> None:
     import ray
     from ray import serve
     from ray.serve.api import RunTarget
 
     from raypost.config.serve import RolloutConfig
-    from raypost.serve.channel import channel
     from raypost.serve.rollout_app import build_app
     from raypost.serve.rollout_client import RolloutClient
     from raypost.utils.local_head import free_port
+    from raypost.weights import open_channel
     from tests.test_rollout import perturbed, prompts_for
 
     ray.init()
@@ -95,20 +95,21 @@ def main(model: str, weights_dir: str, transport: str, scale: bool) -> None:
             "num_replicas": 3,
             "cpus_per_replica": 0.5,
             "max_model_len": 256,
-            "weights_dir": weights_dir,
-            "weight_transport": transport,
+            "weights": {"transport": transport},
             "ray_resources": {"rollout_node": 1},
         }
     )
+    chan = open_channel(cfg, key)
     greedy = {"temperature": 0.0, "max_tokens": 8}
     prompts = prompts_for(model, 4)
     client = None
     try:
         # Three replicas of one rollout_node each: two fit on node B, the third waits for a node.
         serve.run_many(
-            [RunTarget(build_app(model, cfg), name="rollout", route_prefix=None)], wait_for_applications_running=False
+            [RunTarget(build_app(model, cfg, chan), name="rollout", route_prefix=None)],
+            wait_for_applications_running=False,
         )
-        client = RolloutClient("rollout", weights_dir, max_attempts=8, transport=transport)
+        client = RolloutClient("rollout", chan, max_attempts=8)
         client.update_weights(1, perturbed(model, 0.05, seed=1))
         first = wait_running(2)
         say(
@@ -128,12 +129,10 @@ def main(model: str, weights_dir: str, transport: str, scale: bool) -> None:
         serve.delete("rollout")
         if client is not None:
             client.channel.stop_serving()  # collective: this process served the versions
-        channel(transport, weights_dir).close()
+        chan.close()
     say(
         step="done",
-        board_left=any(
-            a["name"] == f"raypost-weights:{weights_dir}" for a in ray.util.list_named_actors(all_namespaces=True)
-        ),
+        board_left=any(a["name"] == chan.board_name for a in ray.util.list_named_actors(all_namespaces=True)),
     )
 
 

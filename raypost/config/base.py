@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, TypeVar, get_args, get_origin
+from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -26,17 +26,28 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
 
 
-def section_model(annotation: Any) -> type[StrictModel] | None:
-    """The StrictModel class inside ``annotation`` (``X``, ``X | None``), if any; not the
-    values of a mapping or list field (their keys are data, not config keys)."""
+def section_models(annotation: Any) -> list[type[StrictModel]]:
+    """The StrictModel classes inside ``annotation`` (``X``, ``X | None``, a union of sections,
+    ``Annotated[...]``); not the values of a mapping or list field (their keys are data, not
+    config keys)."""
     if isinstance(annotation, type) and issubclass(annotation, StrictModel):
-        return annotation
-    if get_origin(annotation) not in (None, dict, list, tuple):
-        for arg in get_args(annotation):
-            sub = section_model(arg)
-            if sub is not None:
-                return sub
-    return None
+        return [annotation]
+    if get_origin(annotation) in (dict, list, tuple):
+        return []
+    return [sub for arg in get_args(annotation) for sub in section_models(arg)]
+
+
+def section_model(annotation: Any, data: Any = None) -> type[StrictModel] | None:
+    """The section class of a field: of a union of sections (``rollout.weights``), the member
+    whose ``Literal`` tag ``data`` names (``transport: collective``), else the first."""
+    found = section_models(annotation)
+    if len(found) > 1 and isinstance(data, dict):
+        for sub in found:
+            for key, field in sub.model_fields.items():
+                tags = get_args(field.annotation) if get_origin(field.annotation) is Literal else ()
+                if key in data and data[key] in tags:
+                    return sub
+    return found[0] if found else None
 
 
 def check_keys(model: type[StrictModel], data: Any, prefix: str = "") -> None:
@@ -51,7 +62,7 @@ def check_keys(model: type[StrictModel], data: Any, prefix: str = "") -> None:
             close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.5)
             hint = f"did you mean '{prefix}{close[0]}'?" if close else f"valid keys here: {', '.join(valid)}"
             raise ConfigError(f"unknown config key '{where}': {hint}")
-        sub = section_model(fields[key].annotation)
+        sub = section_model(fields[key].annotation, value)
         if sub is not None:
             check_keys(sub, value, prefix=f"{where}.")
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field, field_validator, model_validator
 
 from raypost.config.base import StrictModel
 from raypost.config.sections import check_ray_resources, model_path
+from raypost.config.weights import ShmWeights, WeightTransport
 
 
 class RewardSpec(StrictModel):
@@ -149,14 +148,13 @@ class RolloutConfig(StrictModel):
         description="Pin each CPU replica's OpenMP threads to its own cores by replica rank "
         "(VLLM_CPU_OMP_THREADS_BIND, when set, wins); off: every core.",
     )
-    weight_transport: Literal["shm", "object_store", "collective"] = Field(
-        "shm",
-        description="How pushed weights reach the replicas (raypost.serve.channel): shm = files in "
-        "weights_dir (node-local: replicas on learner rank 0's node, or a weights_dir every node "
-        "mounts); object_store = Ray's object store, to replicas on any node, each handing its engine a memfd "
-        "(no file); collective = a "
-        "process group (gloo; nccl on GPU) from learner rank 0 to each replica's engine workers, "
-        "in buckets, to any node, with no file.",
+    weights: WeightTransport = Field(
+        default_factory=ShmWeights,
+        description="How pushed weights reach the replicas (raypost.weights), by its transport: shm = "
+        "files in node-local shared memory (replicas on learner rank 0's node, or a dir every node mounts); "
+        "object_store = Ray's object store, to replicas on any node, each handing its engine a memfd; "
+        "collective = a process group (gloo; nccl on GPU) from learner rank 0 to each replica's engine "
+        "workers, in buckets, to any node.",
     )
     weight_bucket_mb: int = Field(
         64,
@@ -166,18 +164,6 @@ class RolloutConfig(StrictModel):
             "MiB per bucket of a push: the learner gathers (ZeRO-3) and passes on this much at a time, and "
             "the collective transport broadcasts this much at a time."
         ),
-    )
-    weights_dir: str = Field(
-        "/dev/shm/raypost",
-        min_length=1,
-        description="shm: where pushed weights are written "
-        "(node-local shared memory by default); object_store and collective: the run's name "
-        "for its version record (no file is written).",
-    )
-    shared_weights_dir: bool = Field(
-        False,
-        description="shm: weights_dir is a mount every node shares, so replicas "
-        "may run on other nodes than learner rank 0.",
     )
     max_attempts: int = Field(4, ge=1, le=100, description="Client tries per request across replica failures.")
     seed: int = Field(0, ge=0, description="Engine seed.")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -105,7 +104,6 @@ def heldout_accuracy(
     model_path: str,
     rows: Sequence[dict[str, Any]],
     ev: EvalConfig,
-    scratch: Path,
     rollout: RolloutConfig | None = None,
     keep_samples: int = 5,
 ) -> dict[str, Any]:
@@ -116,7 +114,7 @@ def heldout_accuracy(
         from raypost.config.serve import RolloutConfig
         from raypost.serve.apps import served
 
-        with served(model_path, rollout or RolloutConfig(), "eval", scratch, chunk=ev.batch_size) as client:
+        with served(model_path, rollout or RolloutConfig(), "eval", chunk=ev.batch_size) as client:
             return rollout_accuracy(client, rows, ev.max_new_tokens, keep_samples, extract=ev.extract)
     return remote_accuracy(
         model_path, rows, ev.max_new_tokens, ev.batch_size, extract=ev.extract, keep_samples=keep_samples

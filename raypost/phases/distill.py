@@ -142,9 +142,9 @@ def student_info(cfg: DistillConfig, teacher_path: str, student_path: str) -> di
 
 def check_placement(cfg: DistillConfig) -> None:
     """The run's peak fits the cluster; on-policy: the pushed student weights can reach its replica."""
-    from raypost.serve.channel import check_weight_path
     from raypost.train.trainer import worker_resources
     from raypost.utils.cluster import check_one_node, check_resources
+    from raypost.weights import check_weight_path
 
     check_resources({"resources (learner) or the teacher (distill.teacher_cpus, rollout)": peak_request(cfg)})
     worker = worker_resources(cfg.resources)
@@ -248,10 +248,10 @@ def baseline(cfg: DistillConfig, student_path: str, data: PreparedData, run_dir:
     return once(run_dir / "baseline_done.json", make)
 
 
-def evaluate(cfg: DistillConfig, model_path: str, data: PreparedData, scratch: Path) -> dict[str, Any]:
+def evaluate(cfg: DistillConfig, model_path: str, data: PreparedData) -> dict[str, Any]:
     """Held-out greedy accuracy (eval.engine: transformers, or a vLLM replica with the rollout settings)."""
     from raypost.eval import heldout_accuracy
 
     t0 = time.time()
-    out = heldout_accuracy(model_path, data.eval_rows(cfg.data.max_eval_samples), cfg.eval, scratch, cfg.rollout)
+    out = heldout_accuracy(model_path, data.eval_rows(cfg.data.max_eval_samples), cfg.eval, cfg.rollout)
     return {**out, "params": num_params(model_path), "eval_s": time.time() - t0}

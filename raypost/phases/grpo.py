@@ -17,11 +17,11 @@ from raypost.phases.data import PreparedData
 from raypost.phases.sft import run_sft
 from raypost.serve import apps as serve_apps
 from raypost.serve.apps import App
-from raypost.serve.channel import WeightChannel, check_weight_path, rollout_channel
 from raypost.train import checkpointing
 from raypost.train.grpo_loop import grpo_loop
 from raypost.train.trainer import fit, learner_request, worker_resources
 from raypost.utils.cluster import check_one_node, check_resources
+from raypost.weights import WeightChannel, check_weight_path, open_channel
 
 log = logging.getLogger("raypost")
 ROLLOUT_APP, REWARD_APP = "rollout", "reward"  # grpo_loop finds them by these names
@@ -88,7 +88,7 @@ def check_placement(cfg: GRPOConfig) -> None:
 def apps(cfg: GRPOConfig, model_path: str) -> list[App]:
     """The job's Serve apps: "rollout" (vLLM replicas serving the pushed weights) and "reward"."""
     rollout_cpus, reward_cpus = serve_resources(cfg)
-    rollout_cfg = cfg.rollout.model_copy(update={"weights_dir": weights_dir_for(cfg), "cpus_per_replica": rollout_cpus})
+    rollout_cfg = cfg.rollout.model_copy(update={"cpus_per_replica": rollout_cpus})
     reward_cfg = cfg.reward.model_copy(update={"cpus_per_replica": reward_cpus})
 
     def reward() -> Any:
@@ -96,7 +96,8 @@ def apps(cfg: GRPOConfig, model_path: str) -> list[App]:
 
         return build_app(reward_cfg)
 
-    return [serve_apps.rollout(ROLLOUT_APP, model_path, rollout_cfg, "/rollout"), App(REWARD_APP, reward, "/reward")]
+    rollout = serve_apps.rollout(ROLLOUT_APP, model_path, rollout_cfg, weight_channel(cfg), "/rollout")
+    return [rollout, App(REWARD_APP, reward, "/reward")]
 
 
 @contextlib.contextmanager
@@ -113,10 +114,6 @@ def served(cfg: GRPOConfig, model_path: str) -> Iterator[None]:
         yield
 
 
-def weights_dir_for(cfg: GRPOConfig) -> str:
-    return str(Path(cfg.rollout.weights_dir) / cfg.run.name)
-
-
 def train(cfg: GRPOConfig, model_path: str, data: PreparedData, run_dir: Path) -> tuple[str, float, dict]:
     """Run the GRPO learner on Ray Train; returns (HF export path, wall seconds, last metrics)."""
     refill = cfg.algo.max_refill_rounds if cfg.algo.dynamic_sampling else 0
@@ -130,7 +127,7 @@ def train(cfg: GRPOConfig, model_path: str, data: PreparedData, run_dir: Path) -
             "cfg": cfg.model_dump(mode="json"),
             "model_path": model_path,
             "run_dir": str(run_dir),
-            "weights_dir": weights_dir_for(cfg),
+            "channel": weight_channel(cfg),
             "grad_accum": cfg.grad_accum,
         },
         cfg.resources,
@@ -150,9 +147,7 @@ def evaluate(cfg: GRPOConfig, data: PreparedData, version: int | None = None) ->
     from raypost.eval import rollout_accuracy
     from raypost.serve.rollout_client import RolloutClient
 
-    client = RolloutClient(
-        ROLLOUT_APP, weights_dir_for(cfg), cfg.rollout.max_attempts, chunk=16, transport=cfg.rollout.weight_transport
-    )
+    client = RolloutClient(ROLLOUT_APP, weight_channel(cfg), cfg.rollout.max_attempts, chunk=16)
     if version is not None:
         asyncio.run(client.await_version(version))
     return rollout_accuracy(
@@ -161,4 +156,5 @@ def evaluate(cfg: GRPOConfig, data: PreparedData, version: int | None = None) ->
 
 
 def weight_channel(cfg: GRPOConfig) -> WeightChannel:
-    return rollout_channel(cfg.rollout, weights_dir_for(cfg))
+    """The run's channel: its board (and, shm, its folder) is named after the run."""
+    return open_channel(cfg.rollout, cfg.run.name)

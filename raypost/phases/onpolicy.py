@@ -11,32 +11,27 @@ from raypost.data import preprocess
 from raypost.phases.data import PreparedData
 from raypost.phases.sft import SFTResult
 from raypost.serve.apps import App, deployed, rollout
-from raypost.serve.channel import rollout_channel
 from raypost.train import checkpointing
 from raypost.train.onpolicy_loop import onpolicy_loop
 from raypost.train.trainer import fit
+from raypost.weights import WeightChannel, open_channel
 
 STUDENT_APP, TEACHER_APP = "distill-student", "distill-teacher"
 
 
-def _apps(cfg: DistillConfig, teacher_path: str, student_path: str, weights_dir: Path) -> list[App]:
-    """The student replica serves pushed versions from ``weights_dir``; the teacher's stays as loaded."""
-    teacher_weights = weights_dir.with_name(weights_dir.name + "-teacher")  # never written: teacher stays fixed
-    return [
-        rollout(name, path, cfg.rollout.model_copy(update={"weights_dir": str(wdir)}))
-        for name, path, wdir in [(STUDENT_APP, student_path, weights_dir), (TEACHER_APP, teacher_path, teacher_weights)]
-    ]
+def _apps(cfg: DistillConfig, teacher_path: str, student_path: str, chan: WeightChannel) -> list[App]:
+    """The student replica serves the versions pushed through ``chan``; the teacher's stays as loaded."""
+    return [rollout(STUDENT_APP, student_path, cfg.rollout, chan), rollout(TEACHER_APP, teacher_path, cfg.rollout)]
 
 
 def run_on_policy(cfg: DistillConfig, teacher_path: str, student_path: str, data: PreparedData, out: Path) -> SFTResult:
     d = cfg.distill
-    weights_dir = Path(cfg.rollout.weights_dir) / f"{cfg.run.name}-{out.name}"
-    chan = rollout_channel(cfg.rollout, weights_dir)
+    chan = open_channel(cfg.rollout, f"{cfg.run.name}-{out.name}")
     chan.close()  # a resumed learner republishes its restored version
     prompts = preprocess.prompt_order(data.train, d.on_policy_steps * d.prompts_per_step, cfg.run.seed)
     seqs = d.prompts_per_step * d.samples_per_prompt
     t0 = time.time()
-    with deployed(_apps(cfg, teacher_path, student_path, weights_dir), cleanup=chan.close):
+    with deployed(_apps(cfg, teacher_path, student_path, chan), cleanup=chan.close):
         # the final weights are in the checkpoint: the pushed ones go with the apps
         result = fit(
             onpolicy_loop,
@@ -44,7 +39,7 @@ def run_on_policy(cfg: DistillConfig, teacher_path: str, student_path: str, data
                 "cfg": cfg.model_dump(mode="json"),
                 "model_path": student_path,
                 "run_dir": str(out),
-                "weights_dir": str(weights_dir),
+                "channel": chan,
                 "student_app": STUDENT_APP,
                 "teacher_app": TEACHER_APP,
                 "grad_accum": seqs // (cfg.resources.num_workers * d.on_policy_optim.micro_batch_size),

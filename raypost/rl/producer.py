@@ -24,7 +24,7 @@ from raypost.config.grpo import AlgoConfig
 from raypost.rl import groups as G
 from raypost.rl.controller import RolloutController
 from raypost.serve.rollout_client import with_retries
-from raypost.serve.weights import WeightsNotReachedError, check_served
+from raypost.weights import WeightsNotReachedError, check_served
 
 log = logging.getLogger("raypost.producer")
 
@@ -147,7 +147,7 @@ class RolloutProducer:
                 pushed = self.ctl.running.get(ticket, 0)  # the learner's version when this group was admitted
             out = (await self.client.agenerate([row["prompt_ids"]], self.algo.group_size, G.sampling(self.algo)))[0]
             group, t1 = G.to_group(row, out), time.perf_counter()
-            check_served(group.version, pushed, self.client.weights_dir)
+            check_served(group.version, pushed, self.client.channel.describe() if self.client.channel else "no channel")
             args = G.reward_args([group])
             scores = await with_retries(
                 lambda: self.reward.score.remote(*args), "reward", self.client.max_attempts, self.client.backoff_s

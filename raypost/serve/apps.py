@@ -13,11 +13,11 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from raypost.config.serve import RolloutConfig
 from raypost.serve.rollout_client import RolloutClient
+from raypost.weights import WeightChannel
 
 log = logging.getLogger("raypost")
 
@@ -81,23 +81,28 @@ def deployed(
             cleanup()
 
 
-def rollout(name: str, model_path: str, cfg: RolloutConfig, route_prefix: str | None = None) -> App:
-    """A rollout app (vLLM replicas as ``cfg`` says) serving ``model_path``."""
+def rollout(
+    name: str,
+    model_path: str,
+    cfg: RolloutConfig,
+    channel: WeightChannel | None = None,
+    route_prefix: str | None = None,
+) -> App:
+    """A rollout app (vLLM replicas as ``cfg`` says) serving ``model_path``, and the versions
+    pushed through ``channel`` (None: the model as loaded)."""
 
     def build() -> Any:
         from raypost.serve.rollout_app import build_app
 
-        return build_app(model_path, cfg)
+        return build_app(model_path, cfg, channel)
 
     return App(name, build, route_prefix)
 
 
 @contextlib.contextmanager
-def served(model_path: str, cfg: RolloutConfig, app: str, scratch: Path, chunk: int = 16) -> Iterator[RolloutClient]:
+def served(model_path: str, cfg: RolloutConfig, app: str, chunk: int = 16) -> Iterator[RolloutClient]:
     """A model served for one job: seq-KD's teacher answering the training prompts, or held-out
     evaluation through vLLM (``eval.engine: vllm``). Yields a client; no weights are pushed, so
-    the replicas serve the model as loaded (``scratch/<app>_weights`` stays empty)."""
-    weights_dir = scratch / f"{app}_weights"
-    weights_dir.mkdir(parents=True, exist_ok=True)
-    with deployed([rollout(app, model_path, cfg.model_copy(update={"weights_dir": str(weights_dir)}))]):
-        yield RolloutClient(app, str(weights_dir), cfg.max_attempts, chunk=chunk, transport=cfg.weight_transport)
+    the replicas serve the model as loaded (no weight channel)."""
+    with deployed([rollout(app, model_path, cfg)]):
+        yield RolloutClient(app, None, cfg.max_attempts, chunk=chunk)

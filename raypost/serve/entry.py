@@ -4,8 +4,8 @@
 --host says otherwise; the reward service takes a bearer token from --auth_token or
 RAYPOST_REWARD_TOKEN). With ``serve run`` or a serveConfigV2 (KubeRay), the builders take
 dotted keys: ``serve run raypost.serve.entry:reward_app model.path=PATH port=8000``.
-Rollout weights are pushed through the app's weight channel (``raypost.serve.channel``): every
-replica, new or restarted, serves the latest version.
+Rollout weights are pushed through the app's weight channel (``raypost.weights``, named by
+``weights_key``): every replica, new or restarted, serves the latest version.
 """
 
 from __future__ import annotations
@@ -50,10 +50,19 @@ class RolloutAppConfig(RolloutConfig):
     model: str = Field(..., min_length=1, description="HF model path or id served by the replicas.")
     host: str = Field("127.0.0.1", min_length=1, description="HTTP bind address.")
     port: int = Field(8001, ge=1, le=65535, description="HTTP port.")
+    weights_key: str = Field(
+        "rollout",
+        min_length=1,
+        description="The run name a learner publishes weight versions under: "
+        "raypost.weights.open_channel(rollout config, weights_key).publish(version, state_dict).",
+    )
 
 
-def _split(cfg: RolloutAppConfig) -> tuple[str, RolloutConfig]:
-    return cfg.model, RolloutConfig.model_validate(cfg.model_dump(exclude={"model", "host", "port"}))
+def _split(cfg: RolloutAppConfig) -> tuple[str, RolloutConfig, Any]:
+    from raypost.weights import open_channel
+
+    rollout = RolloutConfig.model_validate(cfg.model_dump(exclude={"model", "host", "port", "weights_key"}))
+    return cfg.model, rollout, open_channel(rollout, cfg.weights_key)
 
 
 def rollout_app(args: dict[str, Any]):

@@ -6,8 +6,8 @@ finish_reason, text}], "version"}]`` (one entry per prompt). Logprobs are vLLM's
 is the behaviour policy GRPO's importance ratios need.
 HTTP: ``POST /v1/completions`` (OpenAI-compatible subset), ``GET /health``.
 
-Weights: before serving a request a replica asks its weight channel (channel.py: shm files or
-Ray's object store) for the newest version; when a different version is published it waits for
+Weights: before serving a request a replica asks its weight channel (``raypost.weights``, when
+the app was given one) for the newest version; when a different version is published it waits for
 its in-flight requests to finish (between requests, no interruption), reloads in place, resets
 the prefix cache, and serves on. CPU replicas prefill whole prompts (``_prefill_args``).
 """
@@ -25,10 +25,10 @@ from ray import serve
 
 from raypost.config.serve import RolloutConfig
 from raypost.models.named import resolve
-from raypost.serve.channel import rollout_channel
+from raypost.weights import WeightChannel
 
 api = FastAPI(title="raypost rollout")
-EXTENSION = "raypost.serve.vllm_ext.WeightReloadExtension"
+EXTENSION = "raypost.weights.vllm_ext.WeightReloadExtension"
 
 
 class Sampling(BaseModel):
@@ -109,7 +109,7 @@ def _core_range(part: str) -> range:
 @serve.deployment
 @serve.ingress(api)
 class RolloutServer:
-    def __init__(self, model_path: str, config: dict[str, Any]) -> None:
+    def __init__(self, model_path: str, config: dict[str, Any], channel: WeightChannel | None = None) -> None:
         self.cfg = RolloutConfig.model_validate(config)
         if self.cfg.gpus_per_replica == 0:
             _cpu_engine_env(self.cfg)
@@ -132,14 +132,14 @@ class RolloutServer:
             gpu_memory_utilization=self.cfg.gpu_memory_utilization,
         )
         self.engine = AsyncLLM.from_engine_args(args)
-        self.channel = rollout_channel(self.cfg)
+        self.channel = channel  # None: serves the model as loaded, no pushes
         self.model_path = model_path
         self.version = 0
         self._inflight = 0
         self._lock = asyncio.Lock()
 
     async def _ensure_latest(self) -> None:
-        if not await self.channel.newer_than(self.version):
+        if self.channel is None or not await self.channel.newer_than(self.version):
             return
         async with self._lock:  # any change, also back to an older version after a resume
             if not await self.channel.newer_than(self.version):
@@ -278,7 +278,9 @@ class RolloutServer:
             chan.release()  # what it holds for its engine's workers
 
 
-def build_app(model_path: str, cfg: RolloutConfig) -> serve.Application:
+def build_app(model_path: str, cfg: RolloutConfig, channel: WeightChannel | None = None) -> serve.Application:
+    """vLLM replicas of ``model_path`` as ``cfg`` says, loading the versions pushed through
+    ``channel`` (None: the model as loaded)."""
     resources: dict[str, Any] = {"num_cpus": cfg.cpus_per_replica}
     if cfg.ray_resources:
         resources["resources"] = dict(cfg.ray_resources)
@@ -307,5 +309,5 @@ def build_app(model_path: str, cfg: RolloutConfig) -> serve.Application:
             )
         }
     return RolloutServer.options(**scale, **placement, ray_actor_options=resources, max_ongoing_requests=1024).bind(
-        model_path, cfg.model_dump(mode="json")
+        model_path, cfg.model_dump(mode="json"), channel
     )

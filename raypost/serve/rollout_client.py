@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from raypost.serve.channel import channel
+from raypost.weights import WeightChannel
 
 log = logging.getLogger("raypost.rollout")
 T = TypeVar("T")
@@ -65,27 +65,25 @@ async def with_retries(
 class RolloutClient:
     """Generate on the ``app_name`` Serve app (or on ``handle``, any object with the app's
     ``generate.remote`` and ``weight_version.remote``); ``chunk`` prompts per request; weights are
-    pushed through the app's ``transport`` channel (raypost.serve.channel). A
+    pushed through ``channel``, the one the app was deployed with (None: no pushes). A
     request that fails with a replica error is retried up to ``max_attempts`` times, after
     ``backoff_s`` doubling per attempt (capped at 10x)."""
 
     def __init__(
         self,
         app_name: str = "rollout",
-        weights_dir: str = "/dev/shm/raypost",
+        channel: WeightChannel | None = None,
         max_attempts: int = 4,
         chunk: int = 1,
         handle: Any = None,
         backoff_s: float = 0.2,
-        transport: str = "shm",
     ) -> None:
         if handle is None:
             from ray import serve
 
             handle = serve.get_app_handle(app_name)
         self.handle = handle
-        self.weights_dir = weights_dir
-        self.channel = channel(transport, weights_dir)
+        self.channel = channel
         self.max_attempts, self.chunk, self.backoff_s = max_attempts, chunk, backoff_s
         self.retries = 0
 
@@ -113,6 +111,8 @@ class RolloutClient:
     def update_weights(self, version: int, state: Mapping[str, torch.Tensor]) -> float:
         """Publish ``state`` as ``version``; every replica loads it before its next request.
         Returns the seconds spent writing."""
+        if self.channel is None:
+            raise ValueError("this RolloutClient was made without a weight channel: pass the app's channel")
         t0 = time.perf_counter()
         self.channel.publish(version, state)
         return time.perf_counter() - t0

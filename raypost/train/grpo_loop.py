@@ -85,9 +85,7 @@ def _producer(cfg: GRPOConfig, state: checkpointing.ControllerState, config: dic
         G.dynamic_sampling(cfg.algo),
         version=state.weight_version,
     )
-    client = RolloutClient(
-        "rollout", config["weights_dir"], cfg.rollout.max_attempts, chunk=1, transport=cfg.rollout.weight_transport
-    )
+    client = RolloutClient("rollout", config["channel"], cfg.rollout.max_attempts, chunk=1)
     return RolloutProducer(controller, client, serve.get_app_handle("reward"), lambda: next(rows), cfg.algo)
 
 
@@ -108,7 +106,7 @@ def _throughput(started: float) -> Callable[[list[Sequence], dict[str, float], f
 
 
 def grpo_loop(config: dict[str, Any]) -> None:
-    """Ray Train entry: config = {cfg, model_path, run_dir, weights_dir, grad_accum}."""
+    """Ray Train entry: config = {cfg, model_path, run_dir, channel, grad_accum}."""
     from raypost.models.hf import load_causal_lm
 
     cfg = GRPOConfig.model_validate(config["cfg"])

@@ -20,11 +20,11 @@ import ray.train
 from raypost.config.distill import DistillConfig
 from raypost.rewards.verifiers import answers_match
 from raypost.rl.records import Sequence
-from raypost.serve.weights import check_served
 from raypost.train import checkpointing
 from raypost.train.engine import setup_learner
 from raypost.train.sampled import Sampler, run_steps
 from raypost.train.steps import onpolicy as step
+from raypost.weights import check_served
 
 
 def collect(ctx: dict[str, Any], cfg: DistillConfig, pushed: int) -> tuple[list[Sequence], dict[str, float]]:
@@ -40,7 +40,7 @@ def collect(ctx: dict[str, Any], cfg: DistillConfig, pushed: int) -> tuple[list[
     )
     t1 = time.perf_counter()
     for o in outs:
-        check_served(o["version"], pushed, ctx["student"].weights_dir)
+        check_served(o["version"], pushed, ctx["student"].channel.describe())
     seqs = [
         Sequence(
             ids=list(r["prompt_ids"]) + list(c["token_ids"]),
@@ -83,17 +83,12 @@ def _controller(cfg: DistillConfig, state: checkpointing.ControllerState, config
     return {
         "rows": rows,
         "teacher": serve.get_app_handle(config["teacher_app"]),
-        "student": RolloutClient(
-            config["student_app"],
-            config["weights_dir"],
-            cfg.rollout.max_attempts,
-            transport=cfg.rollout.weight_transport,
-        ),
+        "student": RolloutClient(config["student_app"], config["channel"], cfg.rollout.max_attempts),
     }
 
 
 def onpolicy_loop(config: dict[str, Any]) -> None:
-    """Ray Train entry: config = {cfg, model_path, run_dir, weights_dir, student_app, teacher_app}."""
+    """Ray Train entry: config = {cfg, model_path, run_dir, channel, student_app, teacher_app}."""
     cfg = DistillConfig.model_validate(config["cfg"])
     d = cfg.distill
     optim = d.on_policy_optim.model_copy(update={"grad_accum": config["grad_accum"]})

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raypost.rl.records import Sequence
-from raypost.serve.channel import WeightChannel, rollout_channel
 from raypost.train import checkpointing
 from raypost.train.collectives import broadcast_from_rank0
 from raypost.train.loop import Learner, Taken, Worker, _nothing, run_learner
 from raypost.train.sync import push_weights
+from raypost.weights import WeightChannel
 
 
 @dataclass
@@ -97,18 +97,9 @@ def run_steps(
     sampler: Sampler,
 ) -> None:
     """The loop, from the restored ``state`` to ``sampler.steps`` (``config``: the Ray Train
-    loop config, with run_dir and weights_dir; ``cfg``: the pipeline config)."""
+    loop config, with run_dir and the weight channel; ``cfg``: the pipeline config)."""
     zero = cfg.deepspeed.zero_stage
-    hooks = _Hooks(
-        sampler,
-        rank,
-        world,
-        engine,
-        zero,
-        cfg.rollout.weight_bucket_mb,
-        state,
-        rollout_channel(cfg.rollout, config["weights_dir"]),
-    )
+    hooks = _Hooks(sampler, rank, world, engine, zero, cfg.rollout.weight_bucket_mb, state, config["channel"])
     learner = Learner(
         phase=sampler.phase,
         label=sampler.label,

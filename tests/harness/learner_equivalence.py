@@ -214,7 +214,7 @@ def run_case(name: str, zero: int, micro: int, path: str, rank: int, world: int)
     after the step are read as a push reads them (``weight_buckets``, in 16 KiB buckets: under
     ZeRO-3, 17 gathers by both ranks), so the comparison checks the pushed weights too."""
     from raypost.models.hf import load_tokenizer
-    from raypost.train.sync import weight_buckets
+    from raypost.weights.buckets import weight_buckets
 
     build, kind, step = CASES[name]
     tok = load_tokenizer(path)

@@ -1,5 +1,5 @@
-"""vLLM worker extension: load a pushed weight version in place, from a file, a memfd of the
-replica's or a process group.
+"""vLLM worker extension: load a pushed weight version in place, through the transport that
+sent it (``raypost.weights.channel.engine_tensors`` dispatches on the source's ``transport``).
 
 On CPU, vLLM repacks linear weights, so plain ``model.load_weights`` leaves the packed
 layers empty; ``model_runner.reload_weights(..., is_checkpoint_format=True)`` works.
@@ -9,38 +9,19 @@ A tied ``lm_head`` keeps the OLD weights after such a reload, so it is re-tied t
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
-
-
-def _tensors(path: str) -> Iterator:
-    """Each tensor of a pushed file, with the file held until the last is read (the learner
-    rewrites an old version's file only when no reader holds it)."""
-    from safetensors import safe_open
-
-    from raypost.serve.weights import reading
-
-    with reading(path) as held, safe_open(held, framework="pt") as f:
-        for name in f.keys():  # noqa: SIM118 - safe_open is not iterable
-            yield name, f.get_tensor(name)
 
 
 class WeightReloadExtension:
     """Mixed into vLLM's worker; called through ``collective_rpc('raypost_load', args=(source,))``
-    with a weight channel's source (``raypost.serve.channel``)."""
+    with a weight channel's source (``WeightChannel.fetch``)."""
 
     def raypost_load(self, source: dict[str, Any]) -> bool:
-        if "file" in source:
-            return self._raypost_apply(_tensors(source["file"]))
-        if "memfd" in source:
-            from raypost.serve.memfd import tensors
+        import raypost.weights  # noqa: F401 - registers every transport
+        from raypost.weights.channel import engine_tensors
 
-            return self._raypost_apply(tensors(source["memfd"]))
-        from raypost.serve.collective import receive
-
-        rank = getattr(self, "rank", 0)  # the worker's rank among the replica's engine workers
-        device = getattr(self, "device", "cpu") if source["collective"]["backend"] == "nccl" else "cpu"
-        return self._raypost_apply(receive(source["collective"], rank, device))
+        return self._raypost_apply(engine_tensors(source, self))
 
     def _raypost_apply(self, tensors: Iterable) -> bool:
         self.model_runner.reload_weights(weights_iterator=tensors, is_checkpoint_format=True)

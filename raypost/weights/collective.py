@@ -1,4 +1,4 @@
-"""The collective weight transport: learner rank 0 serves each version over a torch process group.
+"""The ``collective`` transport: learner rank 0 serves each version over a torch process group.
 
 Rank 0 keeps the newest version as one flat CPU buffer, filled bucket by bucket as the learner
 gathers it (``WeightServer.offer``; the version before last's buffer, when no transfer still
@@ -22,6 +22,7 @@ Only JSON and raw tensor bytes cross the wire: nothing is unpickled.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -33,7 +34,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from raypost.serve.weights import Spec, in_order, nbytes
+from raypost.weights.channel import WeightChannel, register
+from raypost.weights.specs import Spec, in_order, nbytes
 
 log = logging.getLogger("raypost")
 
@@ -42,7 +44,7 @@ STOP = "stop"
 
 def buckets_of(meta: list[tuple[str, str, list[int], int, int]], bucket_bytes: int) -> list[tuple[int, int]]:
     """Byte ranges [lo, hi) of the flat buffer that hold whole tensors, each at most ``bucket_bytes``
-    (a larger tensor is a bucket of its own). ``meta`` is ``channel.pack``'s, in buffer order."""
+    (a larger tensor is a bucket of its own). ``meta`` is ``memfd.layout``'s, in buffer order."""
     out: list[tuple[int, int]] = []
     lo = hi = 0
     for *_, offset, size in meta:
@@ -222,3 +224,43 @@ def receive(
             name, dtype, shape, offset, nbytes = pending
             yield name, buf[offset - lo : offset - lo + nbytes].view(getattr(torch, dtype)).reshape(shape)
             pending = next(meta, None)
+
+
+@register("collective")
+class CollectiveChannel(WeightChannel):
+    """Rank 0 keeps the newest version in (CPU) memory, the one copy it holds, and files its
+    server's address with the board; a replica's engine workers receive it over a process group,
+    bucket by bucket, and load it as it arrives. Any node, no file."""
+
+    def __init__(self, settings: Any, key: str, workers: int = 1, bucket_mb: int = 64) -> None:
+        super().__init__(settings, key, workers, bucket_mb)
+        self._server: WeightServer | None = None
+
+    def publish_stream(
+        self, version: int, specs: Sequence[Spec], buckets: Iterable[Mapping[str, torch.Tensor]]
+    ) -> None:
+        import ray
+
+        if self._server is None:  # NCCL when this learner has a GPU: the replicas' workers then receive on theirs
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            self._server = WeightServer(ray.util.get_node_ip_address(), backend, self.bucket_mb << 20)
+        self._server.offer(version, specs, buckets)  # before the board names it: a replica never gets an older one
+        ray.get(self._created_board().put.remote(version, [self._server.address]))
+
+    async def fetch(self, have: int) -> tuple[int, dict[str, Any] | None]:
+        version, boxed = await self._latest()
+        if version == have or boxed is None:
+            return have, None
+        source = await asyncio.to_thread(request, boxed[0], self.workers)
+        return source["version"], {"transport": self.transport, **source}
+
+    @staticmethod
+    def tensors(source: Mapping[str, Any], worker: Any) -> Iterator[tuple[str, torch.Tensor]]:
+        rank = getattr(worker, "rank", 0)  # the worker's rank among the replica's engine workers
+        device = getattr(worker, "device", "cpu") if source["backend"] == "nccl" else "cpu"
+        return receive(source, rank, device)
+
+    def stop_serving(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from raypost.serve.weights import Spec, nbytes
+from raypost.weights.specs import Spec, nbytes
 
 ALIGN = 64  # each tensor starts on a 64-byte boundary: any dtype's view of the mapping is aligned
 

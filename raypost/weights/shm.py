@@ -1,91 +1,100 @@
-"""Versioned weight files for the rollout replicas, in node-local shared memory by default.
+"""The ``shm`` transport: learner rank 0 writes ``v<version>.safetensors`` into the run's folder
+(``rollout.weights.dir``/<run>, node-local shared memory by default) and files its path with the
+board; a replica's engine workers read the file. The fastest on one node; a replica on another
+node needs a folder that every node mounts (``rollout.weights.shared``).
 
-The learner writes ``v<version>.safetensors``; the version record (which file is newest) is the
-run's board in Ray (``raypost.serve.channel``). Replicas ask it before serving a request and
-reload when it is newer, so a new or restarted replica always serves the latest pushed
-version, and a push reaches every replica without enumerating them. Old versions are pruned.
+Old versions are pruned: the writer keeps the last two files, and rewrites the oldest in place
+when no reader holds it.
 """
 
 from __future__ import annotations
 
 import fcntl
-import json
-import math
 import mmap
 import os
-import struct
+import shutil
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from raypost.weights.channel import WeightChannel, register
+from raypost.weights.specs import Spec, WeightsNotReachedError, in_order, nbytes, safetensors_header, specs_of
 
-class WeightsNotReachedError(RuntimeError):
-    """A replica served an older weight version than the learner had pushed before asking."""
+SHM_APART = (
+    "rollout.weights.transport=shm writes the weights into learner rank 0's node-local "
+    "rollout.weights.dir, which a replica on another node cannot read. Set "
+    "rollout.weights.transport=object_store (weights go through Ray's object store to any node), let "
+    "resources.ray_resources and rollout.ray_resources share a node, or, when rollout.weights.dir is a "
+    "mount every node shares, set rollout.weights.shared=true"
+)
 
 
-def check_served(served: int, pushed: int, weights_dir: str | Path) -> None:
-    """Raise when a sample was generated with weights older than the version pushed before its
-    request. Replicas ask the board before every request (and a shm replica that cannot read the
-    recorded file raises), so this is the learner's last guard against a push that does not reach
-    them: a replica that kept serving an old version would leave a bounded-staleness learner
-    waiting for fresh groups that never come."""
-    if served < pushed:
+@register("shm")
+class ShmChannel(WeightChannel):
+    def __init__(self, settings: Any, key: str, workers: int = 1, bucket_mb: int = 64) -> None:
+        super().__init__(settings, key, workers, bucket_mb)
+        self.dir = Path(settings.dir) / key
+        self._files: VersionFiles | None = None  # learner: the version files it writes
+
+    def describe(self) -> str:
+        return f"shm files in {self.dir}"
+
+    def publish_stream(
+        self, version: int, specs: Sequence[Spec], buckets: Iterable[Mapping[str, torch.Tensor]]
+    ) -> None:
+        import ray
+
+        self._files = self._files or VersionFiles(self.dir)
+        path = self._files.write(version, specs, buckets)
+        ray.get(self._created_board().put.remote(version, [str(path)]))
+
+    def stop_serving(self) -> None:
+        if self._files is not None:
+            self._files.close()
+            self._files = None
+
+    async def fetch(self, have: int) -> tuple[int, dict[str, Any] | None]:
+        for _ in range(2):  # a file pruned since the board was read: two newer versions were published
+            version, boxed = await self._latest()
+            if version == have or boxed is None:
+                return have, None
+            if Path(boxed[0]).is_file():
+                return version, {"transport": self.transport, "file": boxed[0]}
         raise WeightsNotReachedError(
-            f"a rollout replica served weight version {served} after the learner had pushed version {pushed} "
-            f"to {weights_dir}: the pushed weights do not reach it. With rollout.weight_transport=shm, "
-            "rollout.weights_dir is read on the replica's own node: set rollout.weight_transport=object_store "
-            "(weights go through Ray's object store to any node), run every rollout replica on the node of "
-            "learner rank 0, or make rollout.weights_dir a directory that every node mounts"
+            f"weight version {version} is at {boxed[0]} on learner rank 0's node, "
+            f"which this replica cannot read. {SHM_APART}"
         )
 
+    @staticmethod
+    def tensors(source: Mapping[str, Any], worker: Any) -> Iterator[tuple[str, torch.Tensor]]:
+        """Each tensor of the pushed file, with the file held until the last is read (the
+        learner rewrites an old version's file only when no reader holds it)."""
+        from safetensors import safe_open
 
-Spec = tuple[str, str, list[int]]  # a tensor's name, torch dtype name ("float32", "bfloat16", ...) and shape
+        with reading(source["file"]) as held, safe_open(held, framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not iterable
+                yield name, f.get_tensor(name)
 
-SAFETENSORS_DTYPES = {
-    "float64": "F64",
-    "float32": "F32",
-    "float16": "F16",
-    "bfloat16": "BF16",
-    "int64": "I64",
-    "int32": "I32",
-    "int16": "I16",
-    "int8": "I8",
-    "uint8": "U8",
-    "bool": "BOOL",
-}
+    def close(self) -> None:
+        super().close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def specs_of(state: Mapping[str, torch.Tensor]) -> list[Spec]:
-    """(name, dtype, shape) of each tensor of ``state``, in its order."""
-    return [(k, str(v.dtype).removeprefix("torch."), list(v.shape)) for k, v in state.items()]
+def check_weight_path(rollout: Any, learner_worker: Mapping[str, float], replica: Mapping[str, float]) -> None:
+    """Before anything starts: with node-local shm the replicas must be able to share learner
+    rank 0's node. (A run whose replicas still land elsewhere fails at its first stale group,
+    ``specs.check_served``.)"""
+    if rollout.weights.transport == "shm" and not rollout.weights.shared:
+        from raypost.utils.cluster import check_same_node_possible
 
-
-def nbytes(spec: Spec) -> int:
-    _, dtype, shape = spec
-    return math.prod(shape) * getattr(torch, dtype).itemsize
-
-
-def safetensors_header(specs: Sequence[Spec]) -> bytes:
-    """The safetensors header of a file holding ``specs``' tensors back to back, in order: its
-    8-byte little-endian length, then the JSON (padded with spaces to 8 bytes, as safetensors pads)."""
-    entries, offset = {}, 0
-    for spec in specs:
-        name, dtype, shape = spec
-        entries[name] = {
-            "dtype": SAFETENSORS_DTYPES[dtype],
-            "shape": shape,
-            "data_offsets": [offset, offset + nbytes(spec)],
-        }
-        offset += nbytes(spec)
-    text = json.dumps(entries, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    return struct.pack("<Q", len(text)) + text
+        check_same_node_possible(learner_worker, replica, SHM_APART)
 
 
 class VersionFiles:
-    """Learner rank 0's ``v<version>.safetensors`` files in ``weights_dir``, the last ``keep`` of them.
+    """Learner rank 0's ``v<version>.safetensors`` files in ``folder``, the last ``keep`` of them.
 
     ``write`` takes a version's tensors in ``buckets`` (dicts that arrive in ``specs``' order), each
     written as it arrives: the writer never holds more than one bucket. Atomic: a reader never
@@ -97,8 +106,8 @@ class VersionFiles:
     another 2x (benchmarks/weight_push.py). The writer maps only files that exist, and no more
     than ``keep`` of them."""
 
-    def __init__(self, weights_dir: str | Path, keep: int = 2) -> None:
-        self.dir, self.keep = Path(weights_dir), keep
+    def __init__(self, folder: str | Path, keep: int = 2) -> None:
+        self.dir, self.keep = Path(folder), keep
         self._maps: dict[tuple[int, int], mmap.mmap] = {}  # (device, inode) of a version file: its mapping
 
     def write(self, version: int, specs: Sequence[Spec], buckets: Iterable[Mapping[str, torch.Tensor]]) -> Path:
@@ -204,25 +213,6 @@ def reading(path: str | Path) -> Iterator[str]:
         yield f"/proc/self/fd/{fd}"
     finally:
         os.close(fd)
-
-
-def in_order(
-    specs: Sequence[Spec], buckets: Iterable[Mapping[str, torch.Tensor]]
-) -> Iterator[tuple[int, torch.Tensor]]:
-    """(index in ``specs``, tensor as flat bytes) for each tensor of ``buckets``, checked against
-    ``specs`` (name, dtype and shape, in order, none missing): a push's receivers lay the bytes
-    out by ``specs`` alone."""
-    n = 0
-    for bucket in buckets:
-        for name, tensor in bucket.items():
-            got = (name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape))
-            want = specs[n] if n < len(specs) else None
-            if want is None or (want[0], want[1], list(want[2])) != got:
-                raise ValueError(f"weight stream out of order: got {got}, expected {want}")
-            yield n, tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-            n += 1
-    if n != len(specs):
-        raise ValueError(f"weight stream ended before its last tensor ({n} of {len(specs)})")
 
 
 def _fill(mapped: mmap.mmap, specs: Sequence[Spec], buckets: Iterable[Mapping[str, torch.Tensor]]) -> None:
