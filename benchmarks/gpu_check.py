@@ -70,7 +70,6 @@ def grpo_step(model_path: Path, device: str, precision: str) -> tuple[float, dic
     from raypost.models.hf import load_causal_lm
     from raypost.rl.records import Sequence
     from raypost.rl.tensors import collate, loss_tokens, token_logprobs, trim_to_completions
-    from raypost.train.batches import to_device
 
     torch.manual_seed(0)
     policy = load_causal_lm(str(model_path), precision).to(device)
@@ -87,20 +86,18 @@ def grpo_step(model_path: Path, device: str, precision: str) -> tuple[float, dic
         )
         for i in range(3)
     ]
-    b, keep = trim_to_completions(to_device(collate(rows, 0), torch.device(device)))
-    logits = policy(input_ids=b["input_ids"], attention_mask=b["attention_mask"], logits_to_keep=keep).logits
-    logp, _ = token_logprobs(logits, b["targets"], 1.0)
+    b, keep = trim_to_completions(collate(rows, 0).to(torch.device(device)))
+    logits = policy(input_ids=b.input_ids, attention_mask=b.attention_mask, logits_to_keep=keep).logits
+    logp, _ = token_logprobs(logits, b.targets, 1.0)
     with torch.no_grad():
-        ref_logits = ref(input_ids=b["input_ids"], attention_mask=b["attention_mask"], logits_to_keep=keep).logits
-        ref_logp, _ = token_logprobs(ref_logits, b["targets"], 1.0)
+        ref_logits = ref(input_ids=b.input_ids, attention_mask=b.attention_mask, logits_to_keep=keep).logits
+        ref_logp, _ = token_logprobs(ref_logits, b.targets, 1.0)
     kl = KL_ESTIMATORS.get_fn("k3")(logp, ref_logp)
     counts = BatchCounts(float(len(rows)), float(loss_tokens(rows)))
     params = LossParams(eps_low=0.2, eps_high=0.2, beta=0.05, max_tokens=16)
-    loss, _ = POLICY_LOSSES.get_fn("grpo")(
-        logp, b["old_logp"], b["adv"], b["mask"], params, kl, torch.ones_like(b["mask"]), counts
-    )
+    loss, _ = POLICY_LOSSES.get_fn("grpo")(logp, b.old_logp, b.adv, b.mask, params, kl, torch.ones_like(b.mask), counts)
     loss.backward()
-    seen = sorted({str(t.device) for t in (*b.values(), logits, ref_logits, *policy.parameters())})
+    seen = sorted({str(t.device) for t in (b.input_ids, b.mask, logits, ref_logits, *policy.parameters())})
     grads = {k: p.grad.float().cpu() for k, p in policy.named_parameters() if p.grad is not None}
     return float(loss), grads, seen
 

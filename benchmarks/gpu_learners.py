@@ -231,12 +231,12 @@ def _bare_step(model: Any, opt: Any, rows: list[Any], micro: int, device: str) -
 
     n_tokens = sum(r.completion_len for r in rows)
     for a in range(0, len(rows), micro):
-        b = {k: v.to(device) for k, v in collate(rows[a : a + micro], 0).items()}
+        b = collate(rows[a : a + micro], 0).to(device)
         with torch.autocast(device, dtype=torch.bfloat16):
-            logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits[:, :-1]
-        logp = torch.log_softmax(logits.float(), -1).gather(-1, b["targets"][..., None])[..., 0]
-        ratio = (logp - b["old_logp"]).exp()
-        loss = -(ratio * b["adv"][:, None] * b["mask"]).sum() / n_tokens
+            logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits[:, :-1]
+        logp = torch.log_softmax(logits.float(), -1).gather(-1, b.targets[..., None])[..., 0]
+        ratio = (logp - b.old_logp).exp()
+        loss = -(ratio * b.adv[:, None] * b.mask).sum() / n_tokens
         loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)

@@ -14,7 +14,9 @@ def _allocator_loop(config: dict) -> None:
 
     with open("/proc/self/maps") as fh:
         maps = fh.read()
-    with open(config["out"], "w") as fh:
+    from raypost.train.loop import LoopConfig
+
+    with open(LoopConfig.of(config).run_dir + "/allocator.json", "w") as fh:
         json.dump({"jemalloc": "libjemalloc" in maps, "malloc_conf": os.environ.get("MALLOC_CONF", "")}, fh)
 
 
@@ -39,8 +41,11 @@ def test_learner_workers_run_on_jemalloc_unless_turned_off(ray_cluster, tmp_path
     from raypost.train.trainer import fit
 
     res = ResourcesConfig(num_workers=1, cpus_per_worker=0.5, jemalloc=on)
+    from raypost.train.loop import LoopConfig
+
     out = tmp_path / "allocator.json"
-    result = fit(_allocator_loop, {"out": str(out)}, res, RunConfig(storage_path=str(tmp_path), name="alloc"), {})
+    loop = LoopConfig(cfg={}, model_path="unused", run_dir=str(tmp_path), total_steps=0)
+    result = fit(_allocator_loop, loop, res, RunConfig(storage_path=str(tmp_path), name="alloc"), {})
     assert result.error is None
     seen = json.loads(out.read_text())
     assert seen["jemalloc"] is on

@@ -19,17 +19,17 @@ def test_collate_aligns_targets_mask_and_behaviour_logprobs():
         ids=[5, 6, 10, 11, 12, 13, 14], start=2, old=[-0.1, -0.2, -0.3, -0.4, -0.5], sample_id="b#0", adv=-1.0
     )
     b = collate([short, long], PAD)
-    assert b["input_ids"].tolist() == [[5, 6, 7, 8, 9, PAD, PAD], [5, 6, 10, 11, 12, 13, 14]]
-    assert b["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 0, 0], [1] * 7]
+    assert b.input_ids.tolist() == [[5, 6, 7, 8, 9, PAD, PAD], [5, 6, 10, 11, 12, 13, 14]]
+    assert b.attention_mask.tolist() == [[1, 1, 1, 1, 1, 0, 0], [1] * 7]
     # target t is token t+1: the completion tokens 8, 9 sit at target indices 2, 3 (start - 1 ...)
-    assert b["targets"][0].tolist() == [6, 7, 8, 9, PAD, PAD]
-    assert b["mask"].tolist() == [[0, 0, 1, 1, 0, 0], [0, 1, 1, 1, 1, 1]]
-    assert torch.allclose(b["old_logp"], torch.tensor([[0, 0, -0.8, -0.9, 0, 0], [0, -0.1, -0.2, -0.3, -0.4, -0.5]]))
-    picked = b["targets"][b["mask"] > 0].tolist()
+    assert b.targets[0].tolist() == [6, 7, 8, 9, PAD, PAD]
+    assert b.mask.tolist() == [[0, 0, 1, 1, 0, 0], [0, 1, 1, 1, 1, 1]]
+    assert torch.allclose(b.old_logp, torch.tensor([[0, 0, -0.8, -0.9, 0, 0], [0, -0.1, -0.2, -0.3, -0.4, -0.5]]))
+    picked = b.targets[b.mask > 0].tolist()
     assert picked == [8, 9, 10, 11, 12, 13, 14]  # exactly the completions, in order
-    assert b["adv"].tolist() == [1.5, -1.0]
-    assert b["fresh"].tolist() == [0.0, 1.0]  # short is one version old; a row of stale 0 is current
-    assert loss_tokens([short, long]) == int(b["mask"].sum()) == 7
+    assert b.adv.tolist() == [1.5, -1.0]
+    assert b.fresh.tolist() == [0.0, 1.0]  # short is one version old; a row of stale 0 is current
+    assert loss_tokens([short, long]) == int(b.mask.sum()) == 7
 
 
 def test_collate_masks_filtered_and_empty_completions_and_truncates_extra_logprobs():
@@ -37,8 +37,8 @@ def test_collate_masks_filtered_and_empty_completions_and_truncates_extra_logpro
     empty = Sequence(ids=[5, 6], start=2, old=[], sample_id="a#1")
     extra = Sequence(ids=[5, 6, 7, 8], start=3, old=[-0.5, -9.0], sample_id="a#2")  # one log-prob too many
     b = collate([filtered, empty, extra], PAD)
-    assert b["mask"].tolist() == [[0, 0, 0], [0, 0, 0], [0, 0, 1]]
-    assert b["old_logp"][2].tolist() == [0, 0, -0.5]
+    assert b.mask.tolist() == [[0, 0, 0], [0, 0, 0], [0, 0, 1]]
+    assert b.old_logp[2].tolist() == [0, 0, -0.5]
     assert loss_tokens([filtered, empty, extra]) == 1
 
 
@@ -105,16 +105,16 @@ def test_logits_of_completion_positions_only_give_the_same_logprobs_and_gradient
     full = collate(rows, pad_id=0)
     trimmed, keep = trim_to_completions(full)
     first = 5 - 1  # the shortest prompt's last token predicts the first completion token
-    assert keep == full["input_ids"].shape[1] - first and full["mask"][:, :first].sum() == 0
-    assert torch.equal(trimmed["mask"], full["mask"][:, first:])
-    assert torch.equal(trimmed["input_ids"], full["input_ids"])
+    assert keep == full.input_ids.shape[1] - first and full.mask[:, :first].sum() == 0
+    assert torch.equal(trimmed.mask, full.mask[:, first:])
+    assert torch.equal(trimmed.input_ids, full.input_ids)
     grads = []
     for b, kwargs in [(full, {}), (trimmed, {"logits_to_keep": keep})]:
         model.zero_grad()
-        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], **kwargs).logits
-        logp, _ = token_logprobs(logits, b["targets"], 0.8)
-        (logp * b["mask"]).sum().backward()
-        grads.append((logp * b["mask"], [p.grad.clone() for p in model.parameters()]))
+        logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask, **kwargs).logits
+        logp, _ = token_logprobs(logits, b.targets, 0.8)
+        (logp * b.mask).sum().backward()
+        grads.append((logp * b.mask, [p.grad.clone() for p in model.parameters()]))
     assert grads[1][0].shape[1] == keep - 1
     assert torch.allclose(grads[1][0], grads[0][0][:, first:], atol=1e-6)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(grads[0][1], grads[1][1]))

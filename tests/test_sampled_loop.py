@@ -12,6 +12,7 @@ import pytest
 from raypost.config.grpo import GRPOConfig
 from raypost.rl.records import Sequence
 from raypost.train import checkpointing, sampled
+from raypost.train.loop import LoopConfig
 
 
 class Recorder:
@@ -41,7 +42,7 @@ def world(monkeypatch, tmp_path):
     cfg = GRPOConfig.model_validate(
         {"run": {"checkpoint_every": 2, "wandb_mode": "disabled", "log_every": 1}, "rollout": {"weight_bucket_mb": 8}}
     )
-    config = {"run_dir": str(tmp_path), "channel": Channel(), "cfg": {}}
+    config = LoopConfig(cfg={}, model_path="unused", run_dir=str(tmp_path), total_steps=3, channel=Channel())
     return rec, cfg, config, tmp_path
 
 

@@ -19,6 +19,7 @@ from raypost.serve import apps as serve_apps
 from raypost.serve.apps import App
 from raypost.train import checkpointing
 from raypost.train.grpo_loop import grpo_loop
+from raypost.train.loop import LoopConfig
 from raypost.train.trainer import fit, learner_request, worker_resources
 from raypost.utils.cluster import check_one_node, check_resources
 from raypost.weights import WeightChannel, check_weight_path, open_channel
@@ -123,13 +124,14 @@ def train(cfg: GRPOConfig, model_path: str, data: PreparedData, run_dir: Path) -
     t0 = time.time()
     result = fit(
         grpo_loop,
-        {
-            "cfg": cfg.model_dump(mode="json"),
-            "model_path": model_path,
-            "run_dir": str(run_dir),
-            "channel": weight_channel(cfg),
-            "grad_accum": cfg.grad_accum,
-        },
+        LoopConfig(
+            cfg=cfg.model_dump(mode="json"),
+            model_path=model_path,
+            run_dir=str(run_dir),
+            total_steps=cfg.algo.steps,
+            grad_accum=cfg.grad_accum,
+            channel=weight_channel(cfg),
+        ),
         cfg.resources,
         cfg.run.model_copy(update={"storage_path": str(run_dir)}),
         {"prompts": prompts},

@@ -12,6 +12,7 @@ from raypost.phases.data import PreparedData
 from raypost.phases.sft import SFTResult
 from raypost.serve.apps import App, deployed, rollout
 from raypost.train import checkpointing
+from raypost.train.loop import LoopConfig
 from raypost.train.onpolicy_loop import onpolicy_loop
 from raypost.train.trainer import fit
 from raypost.weights import WeightChannel, open_channel
@@ -35,15 +36,15 @@ def run_on_policy(cfg: DistillConfig, teacher_path: str, student_path: str, data
         # the final weights are in the checkpoint: the pushed ones go with the apps
         result = fit(
             onpolicy_loop,
-            {
-                "cfg": cfg.model_dump(mode="json"),
-                "model_path": student_path,
-                "run_dir": str(out),
-                "channel": chan,
-                "student_app": STUDENT_APP,
-                "teacher_app": TEACHER_APP,
-                "grad_accum": seqs // (cfg.resources.num_workers * d.on_policy_optim.micro_batch_size),
-            },
+            LoopConfig(
+                cfg=cfg.model_dump(mode="json"),
+                model_path=student_path,
+                run_dir=str(out),
+                total_steps=d.on_policy_steps,
+                grad_accum=seqs // (cfg.resources.num_workers * d.on_policy_optim.micro_batch_size),
+                channel=chan,
+                apps={"student": STUDENT_APP, "teacher": TEACHER_APP},
+            ),
             cfg.resources,
             cfg.run.model_copy(update={"storage_path": str(out.parent)}),
             {"prompts": prompts},

@@ -16,6 +16,7 @@ from raypost.config.reward_model import RewardModelConfig
 from raypost.data import preprocess
 from raypost.data.preference import TokenizePairs, build_pairs, pair_schema
 from raypost.train import checkpointing
+from raypost.train.loop import LoopConfig
 from raypost.train.rm_loop import rm_loop
 from raypost.train.trainer import fit, learner_request
 from raypost.utils.cluster import check_resources
@@ -99,7 +100,7 @@ def train(
     t0 = time.time()
     result = fit(
         rm_loop,
-        {"cfg": cfg.model_dump(mode="json"), "model_path": model_path, "run_dir": str(run_dir), "total_steps": total},
+        LoopConfig(cfg=cfg.model_dump(mode="json"), model_path=model_path, run_dir=str(run_dir), total_steps=total),
         cfg.resources,
         cfg.run,
         {"train": order, "eval": held_out},

@@ -14,6 +14,7 @@ from raypost.data.teacher import TeacherSignal
 from raypost.eval import heldout_accuracy
 from raypost.phases.data import PreparedData
 from raypost.train import checkpointing
+from raypost.train.loop import LoopConfig
 from raypost.train.sft_loop import sft_loop
 from raypost.train.trainer import fit, learner_request
 from raypost.utils.cluster import check_resources
@@ -70,15 +71,15 @@ def run_sft(
     t0 = time.time()
     result = fit(
         sft_loop,
-        {
-            "cfg": cfg.model_dump(mode="json"),
-            "model_path": model_path,
-            "run_dir": str(run_dir),
-            "total_steps": total,
-            "kd": teacher.kd if teacher else None,
-            "start_from": start_from,
-            "stop_at": stop_at,
-        },
+        LoopConfig(
+            cfg=cfg.model_dump(mode="json"),
+            model_path=model_path,
+            run_dir=str(run_dir),
+            total_steps=total,
+            kd=teacher.kd if teacher else None,
+            start_from=start_from,
+            stop_at=stop_at,
+        ),
         cfg.resources,
         cfg.run,
         {"train": rows, "eval": eval_rows},

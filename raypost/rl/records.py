@@ -1,12 +1,16 @@
 """Typed records of the RL learners (as torchtune's ``GRPOTrajectory``): what a sampled
 sequence carries from the rollout side to the learner's step.
 
-Lengths: P prompt tokens, C completion tokens, k the teacher's top-k width.
+Lengths: P prompt tokens, C completion tokens, k the teacher's top-k width; in a batch, N
+sequences and T the longest.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+
+import torch
 
 
 @dataclass
@@ -35,3 +39,36 @@ class Sequence:
     def loss_tokens(self) -> int:
         """The completion tokens ``collate`` puts in the loss mask: C, or 0 when not trained."""
         return self.completion_len if self.train and self.completion_len > 0 else 0
+
+
+@dataclass
+class LearnerBatch:
+    """Sequences collated for one micro-batch of a sampling learner's step (``rl.tensors.collate``).
+    Per-token tensors are over the T-1 next-token targets: column j predicts ``input_ids[:, j+1]``."""
+
+    input_ids: torch.Tensor  # [N, T] long, right-padded
+    attention_mask: torch.Tensor  # [N, T] long: 1 on real tokens
+    targets: torch.Tensor  # [N, T-1] long: input_ids[:, 1:]
+    mask: torch.Tensor  # [N, T-1] float: 1 on the completion tokens the loss trains
+    old_logp: torch.Tensor  # [N, T-1] float: behaviour log-probs, 0 off the completion
+    adv: torch.Tensor  # [N] float: each sequence's advantage
+    fresh: torch.Tensor  # [N] float: 1 for a sample of the learner's current weight version
+    teacher_lp: torch.Tensor | None = None  # [N, T-1] on-policy distillation: the teacher's log-probs
+    top_ids: torch.Tensor | None = None  # [N, T-1, k] long: the teacher's top-k ids
+    top_lp: torch.Tensor | None = None  # [N, T-1, k] float: their log-probs
+
+    def to(self, device: torch.device | str) -> LearnerBatch:
+        """Every tensor on ``device`` (the learner's); a no-op on CPU."""
+        return dataclasses.replace(
+            self,
+            **{
+                f.name: getattr(self, f.name).to(device, non_blocking=True)
+                for f in dataclasses.fields(self)
+                if getattr(self, f.name) is not None
+            },
+        )
+
+    @property
+    def per_token(self) -> tuple[str, ...]:
+        """The fields laid out over the T-1 targets."""
+        return ("targets", "mask", "old_logp", "teacher_lp", "top_ids", "top_lp")

@@ -7,12 +7,13 @@ the logits at position t.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-from raypost.rl.records import Sequence
+from raypost.rl.records import LearnerBatch, Sequence
 
 
 def sequences(groups: Iterable[Any], adv: torch.Tensor) -> list[Sequence]:
@@ -39,9 +40,9 @@ def loss_tokens(rows: Iterable[Sequence]) -> int:
     return sum(r.loss_tokens for r in rows)
 
 
-def collate(rows: list[Sequence], pad_id: int) -> dict[str, torch.Tensor]:
-    """input_ids/attention_mask [N, T]; targets/mask/old_logp [N, T-1]; adv [N]; fresh [N]: 1 for a
-    sample of the learner's current weight version (``stale`` 0), else 0."""
+def collate(rows: list[Sequence], pad_id: int) -> LearnerBatch:
+    """``rows`` as one ``LearnerBatch``: right-padded, the loss mask on each trained completion,
+    behaviour log-probs under their targets, ``fresh`` 1 where ``stale`` is 0."""
     t = max(len(r.ids) for r in rows)
     n = len(rows)
     ids = torch.full((n, t), pad_id, dtype=torch.long)
@@ -57,18 +58,18 @@ def collate(rows: list[Sequence], pad_id: int) -> dict[str, torch.Tensor]:
             mask[i, s - 1 : L - 1] = 1.0
         behaviour = r.old[:c]  # one log-prob per completion token
         old[i, s - 1 : s - 1 + len(behaviour)] = torch.tensor(behaviour, dtype=torch.float32)
-    return {
-        "input_ids": ids,
-        "attention_mask": attn,
-        "targets": ids[:, 1:],
-        "mask": mask,
-        "old_logp": old,
-        "adv": torch.tensor([r.adv for r in rows], dtype=torch.float32),
-        "fresh": torch.tensor([float(r.stale == 0) for r in rows]),
-    }
+    return LearnerBatch(
+        input_ids=ids,
+        attention_mask=attn,
+        targets=ids[:, 1:],
+        mask=mask,
+        old_logp=old,
+        adv=torch.tensor([r.adv for r in rows], dtype=torch.float32),
+        fresh=torch.tensor([float(r.stale == 0) for r in rows]),
+    )
 
 
-def trim_to_completions(batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:
+def trim_to_completions(batch: LearnerBatch) -> tuple[LearnerBatch, int]:
     """``collate``'s batch cut to the positions whose logits the loss reads, as TRL's
     ``logits_to_keep`` does: from the first position that predicts a completion token (the
     shortest prompt's last token) to the end. Returns the batch with every per-token tensor
@@ -76,11 +77,11 @@ def trim_to_completions(batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch
     (``model(..., logits_to_keep=K)`` gives [N, K, V]: positions T-K .. T-1). Prompt positions
     then skip the LM head and the log-softmax; with a 49k vocabulary that is most of a prompt
     token's cost."""
-    n, t = batch["input_ids"].shape
-    used = batch["mask"].any(0).nonzero()
+    t = batch.input_ids.shape[1]
+    used = batch.mask.any(0).nonzero()
     first = int(used[0]) if len(used) else 0
-    trimmed = {k: (v[:, first:] if v.dim() >= 2 and v.shape[:2] == (n, t - 1) else v) for k, v in batch.items()}
-    return trimmed, t - first
+    cut = {k: getattr(batch, k)[:, first:] for k in batch.per_token if getattr(batch, k) is not None}
+    return dataclasses.replace(batch, **cut), t - first
 
 
 def token_logprobs(

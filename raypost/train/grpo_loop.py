@@ -26,6 +26,7 @@ from raypost.rl.records import Sequence
 from raypost.rl.tensors import sequences
 from raypost.train import checkpointing
 from raypost.train.engine import setup_learner
+from raypost.train.loop import LoopConfig
 from raypost.train.sampled import Sampler, run_steps
 from raypost.train.steps import grpo as step
 
@@ -71,7 +72,7 @@ def _batch(
     }
 
 
-def _producer(cfg: GRPOConfig, state: checkpointing.ControllerState, config: dict) -> RolloutProducer:
+def _producer(cfg: GRPOConfig, state: checkpointing.ControllerState, lc: LoopConfig) -> RolloutProducer:
     """The rollout producer on rank 0, from the restored data cursor and weight version (not started)."""
     from ray import serve
 
@@ -85,7 +86,7 @@ def _producer(cfg: GRPOConfig, state: checkpointing.ControllerState, config: dic
         G.dynamic_sampling(cfg.algo),
         version=state.weight_version,
     )
-    client = RolloutClient("rollout", config["channel"], cfg.rollout.max_attempts, chunk=1)
+    client = RolloutClient("rollout", lc.channel, cfg.rollout.max_attempts, chunk=1)
     return RolloutProducer(controller, client, serve.get_app_handle("reward"), lambda: next(rows), cfg.algo)
 
 
@@ -106,20 +107,17 @@ def _throughput(started: float) -> Callable[[list[Sequence], dict[str, float], f
 
 
 def grpo_loop(config: dict[str, Any]) -> None:
-    """Ray Train entry: config = {cfg, model_path, run_dir, channel, grad_accum}."""
+    """Ray Train entry: ``config["loop"]``, a ``LoopConfig`` with the weight channel."""
     from raypost.models.hf import load_causal_lm
 
-    cfg = GRPOConfig.model_validate(config["cfg"])
-    optim = cfg.optim.model_copy(update={"grad_accum": config["grad_accum"]})
-    rank, world, tok, engine = setup_learner(cfg, config["model_path"], optim, cfg.algo.steps)
+    lc = LoopConfig.of(config)
+    cfg = GRPOConfig.model_validate(lc.cfg)
+    optim = cfg.optim.model_copy(update={"grad_accum": lc.grad_accum})
+    rank, world, tok, engine = setup_learner(cfg, lc.model_path, optim, cfg.algo.steps)
     # The frozen reference: on the learner's device, in the learner's precision.
-    ref = (
-        load_causal_lm(config["model_path"], cfg.deepspeed.precision).to(engine.device).eval()
-        if cfg.algo.beta > 0
-        else None
-    )
+    ref = load_causal_lm(lc.model_path, cfg.deepspeed.precision).to(engine.device).eval() if cfg.algo.beta > 0 else None
     state = checkpointing.restore(engine)
-    producer = _producer(cfg, state, config) if rank == 0 else None
+    producer = _producer(cfg, state, lc) if rank == 0 else None
     base_cursor = state.cursor
     sampler = Sampler(
         phase="grpo",
@@ -133,4 +131,4 @@ def grpo_loop(config: dict[str, Any]) -> None:
         advance=lambda v: producer.advance(v),
         stop=lambda: producer.stop(),
     )
-    run_steps(cfg, config, rank, world, engine, tok, state, sampler)
+    run_steps(cfg, lc, rank, world, engine, tok, state, sampler)

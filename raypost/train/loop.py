@@ -22,15 +22,39 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raypost.train import checkpointing
 from raypost.train.batches import rank_slice
 from raypost.utils.metrics import MetricsLogger, Progress
 
+if TYPE_CHECKING:
+    from raypost.weights import WeightChannel
+
 
 def _nothing(*_: Any) -> Any:
     return None
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """What crosses into every Ray Train worker of a learner (``trainer.fit`` passes it as
+    ``train_loop_config={"loop": ...}``; a loop reads it back with ``LoopConfig.of``)."""
+
+    cfg: dict[str, Any]  # the pipeline's config, model_dump(mode="json"): each loop validates its own class
+    model_path: str  # the weights the learner starts from: an HF folder, an HF id or a raypost name
+    run_dir: str  # the learner's folder: metrics, trained samples, Ray Train's checkpoints
+    total_steps: int  # optimizer steps of the whole phase
+    grad_accum: int = 1  # sampling learners: micro-batches per optimizer step and rank, from the batch size
+    channel: WeightChannel | None = None  # sampling learners: where rank 0 pushes each weight version
+    apps: dict[str, str] = field(default_factory=dict)  # on-policy: {"student": app name, "teacher": app name}
+    kd: dict[str, Any] | None = None  # SFT with offline KD: KDParams fields (rows carry teacher columns)
+    start_from: str | None = None  # SFT: a checkpoint folder to start from when the run has none (PBT)
+    stop_at: int | None = None  # SFT: stop after this step's checkpoint, before total_steps (PBT segments)
+
+    @staticmethod
+    def of(config: dict[str, Any]) -> LoopConfig:
+        return config["loop"]
 
 
 @dataclass

@@ -22,6 +22,7 @@ from raypost.rewards.verifiers import answers_match
 from raypost.rl.records import Sequence
 from raypost.train import checkpointing
 from raypost.train.engine import setup_learner
+from raypost.train.loop import LoopConfig
 from raypost.train.sampled import Sampler, run_steps
 from raypost.train.steps import onpolicy as step
 from raypost.weights import check_served
@@ -68,7 +69,7 @@ def collect(ctx: dict[str, Any], cfg: DistillConfig, pushed: int) -> tuple[list[
     }
 
 
-def _controller(cfg: DistillConfig, state: checkpointing.ControllerState, config: dict) -> dict[str, Any]:
+def _controller(cfg: DistillConfig, state: checkpointing.ControllerState, lc: LoopConfig) -> dict[str, Any]:
     from ray import serve
 
     from raypost.serve.rollout_client import RolloutClient
@@ -82,19 +83,21 @@ def _controller(cfg: DistillConfig, state: checkpointing.ControllerState, config
         next(rows)
     return {
         "rows": rows,
-        "teacher": serve.get_app_handle(config["teacher_app"]),
-        "student": RolloutClient(config["student_app"], config["channel"], cfg.rollout.max_attempts),
+        "teacher": serve.get_app_handle(lc.apps["teacher"]),
+        "student": RolloutClient(lc.apps["student"], lc.channel, cfg.rollout.max_attempts),
     }
 
 
 def onpolicy_loop(config: dict[str, Any]) -> None:
-    """Ray Train entry: config = {cfg, model_path, run_dir, channel, student_app, teacher_app}."""
-    cfg = DistillConfig.model_validate(config["cfg"])
+    """Ray Train entry: ``config["loop"]``, a ``LoopConfig`` with the weight channel and the
+    student and teacher apps."""
+    lc = LoopConfig.of(config)
+    cfg = DistillConfig.model_validate(lc.cfg)
     d = cfg.distill
-    optim = d.on_policy_optim.model_copy(update={"grad_accum": config["grad_accum"]})
-    rank, world, tok, engine = setup_learner(cfg, config["model_path"], optim, d.on_policy_steps)
+    optim = d.on_policy_optim.model_copy(update={"grad_accum": lc.grad_accum})
+    rank, world, tok, engine = setup_learner(cfg, lc.model_path, optim, d.on_policy_steps)
     state = checkpointing.restore(engine)
-    ctx = _controller(cfg, state, config) if rank == 0 else None
+    ctx = _controller(cfg, state, lc) if rank == 0 else None
 
     def take(st: checkpointing.ControllerState) -> tuple[list[Sequence], dict[str, float]]:
         st.cursor += d.prompts_per_step
@@ -109,4 +112,4 @@ def onpolicy_loop(config: dict[str, Any]) -> None:
         learn=lambda rows: step.learn(engine, rows, cfg, tok.pad_token_id),
         extra=lambda seqs, m, step_s: {"staleness_max": max(state.weight_version - 1 - s.version for s in seqs)},
     )
-    run_steps(cfg, config, rank, world, engine, tok, state, sampler)
+    run_steps(cfg, lc, rank, world, engine, tok, state, sampler)

@@ -18,7 +18,7 @@ from raypost.train import checkpointing
 from raypost.train.batches import rank_slice
 from raypost.train.collectives import all_sum
 from raypost.train.engine import setup_learner
-from raypost.train.loop import Learner, Worker, run_learner, take_from
+from raypost.train.loop import Learner, LoopConfig, Worker, run_learner, take_from
 from raypost.train.steps.rm import load_reward_model, scores, train_step
 
 log = logging.getLogger("raypost.rm")
@@ -47,10 +47,11 @@ def _pair_ids(index: int, batch: dict[str, Any]) -> list[str]:
 
 
 def rm_loop(config: dict[str, Any]) -> None:
-    """Ray Train entry: ``config`` = {cfg: RewardModelConfig dict, model_path, run_dir, total_steps}."""
-    cfg = RewardModelConfig.model_validate(config["cfg"])
-    total = int(config["total_steps"])
-    rank, world, tok, engine = setup_learner(cfg, config["model_path"], cfg.optim, total, load=load_reward_model)
+    """Ray Train entry: ``config["loop"]``, a ``LoopConfig``."""
+    lc = LoopConfig.of(config)
+    cfg = RewardModelConfig.model_validate(lc.cfg)
+    total = lc.total_steps
+    rank, world, tok, engine = setup_learner(cfg, lc.model_path, cfg.optim, total, load=load_reward_model)
     state = checkpointing.restore(engine)
     pad, micro, every = tok.pad_token_id, cfg.optim.micro_batch_size, cfg.train.eval_every
     batches = ray.train.get_dataset_shard("train").iter_batches(
@@ -80,9 +81,9 @@ def rm_loop(config: dict[str, Any]) -> None:
             engine=engine,
             tokenizer=tok,
             zero_stage=cfg.deepspeed.zero_stage,
-            run_dir=config["run_dir"],
+            run_dir=lc.run_dir,
             run=cfg.run,
-            config=config["cfg"],
+            config=lc.cfg,
         ),
         state,
     )

@@ -19,7 +19,7 @@ from typing import Any
 from raypost.rl.records import Sequence
 from raypost.train import checkpointing
 from raypost.train.collectives import broadcast_from_rank0
-from raypost.train.loop import Learner, Taken, Worker, _nothing, run_learner
+from raypost.train.loop import Learner, LoopConfig, Taken, Worker, _nothing, run_learner
 from raypost.train.sync import push_weights
 from raypost.weights import WeightChannel
 
@@ -88,7 +88,7 @@ class _Hooks:
 
 def run_steps(
     cfg: Any,
-    config: dict[str, Any],
+    lc: LoopConfig,
     rank: int,
     world: int,
     engine: Any,
@@ -96,10 +96,10 @@ def run_steps(
     state: checkpointing.ControllerState,
     sampler: Sampler,
 ) -> None:
-    """The loop, from the restored ``state`` to ``sampler.steps`` (``config``: the Ray Train
-    loop config, with run_dir and the weight channel; ``cfg``: the pipeline config)."""
+    """The loop, from the restored ``state`` to ``sampler.steps`` (``lc``: the learner's loop
+    config, with the weight channel; ``cfg``: the pipeline config)."""
     zero = cfg.deepspeed.zero_stage
-    hooks = _Hooks(sampler, rank, world, engine, zero, cfg.rollout.weight_bucket_mb, state, config["channel"])
+    hooks = _Hooks(sampler, rank, world, engine, zero, cfg.rollout.weight_bucket_mb, state, lc.channel)
     learner = Learner(
         phase=sampler.phase,
         label=sampler.label,
@@ -112,12 +112,6 @@ def run_steps(
         stop=hooks.stop,
     )
     worker = Worker(
-        rank=rank,
-        engine=engine,
-        tokenizer=tok,
-        zero_stage=zero,
-        run_dir=config["run_dir"],
-        run=cfg.run,
-        config=config["cfg"],
+        rank=rank, engine=engine, tokenizer=tok, zero_stage=zero, run_dir=lc.run_dir, run=cfg.run, config=lc.cfg
     )
     run_learner(learner, worker, state)

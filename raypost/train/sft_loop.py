@@ -20,7 +20,7 @@ from raypost.train import checkpointing
 from raypost.train.batches import rank_slice
 from raypost.train.collectives import all_sum
 from raypost.train.engine import set_hyperparams, setup_learner
-from raypost.train.loop import Learner, Worker, run_learner, take_from
+from raypost.train.loop import Learner, LoopConfig, Worker, run_learner, take_from
 from raypost.train.objectives import objective_for
 from raypost.train.steps.sft import forward_loss, train_step
 
@@ -67,17 +67,16 @@ def _packed_ids(index: int, batch: dict[str, Any]) -> list[str]:
 
 
 def sft_loop(config: dict[str, Any]) -> None:
-    """Ray Train entry: ``config`` = {cfg: SFTConfig dict, model_path, run_dir, total_steps,
-    optional kd: KDParams fields (offline distillation; rows then carry teacher columns),
-    optional start_from: a checkpoint folder to start from when this run has none, optional
-    stop_at: a step to stop at (after its checkpoint) before total_steps (PBT segments)}."""
-    cfg = SFTConfig.model_validate(config["cfg"])
-    total = int(config["total_steps"])
-    objective = objective_for(config.get("kd"))
-    rank, world, tokenizer, engine = setup_learner(cfg, config["model_path"], cfg.optim, total)
-    state = checkpointing.restore(engine, config.get("start_from"))
+    """Ray Train entry: ``config["loop"]``, a ``LoopConfig`` (with ``kd`` for offline
+    distillation, ``start_from`` and ``stop_at`` for PBT segments)."""
+    lc = LoopConfig.of(config)
+    cfg = SFTConfig.model_validate(lc.cfg)
+    total = lc.total_steps
+    objective = objective_for(lc.kd)
+    rank, world, tokenizer, engine = setup_learner(cfg, lc.model_path, cfg.optim, total)
+    state = checkpointing.restore(engine, lc.start_from)
     set_hyperparams(engine, cfg.optim)
-    stop_at = min(total, int(config.get("stop_at") or total))
+    stop_at = min(total, lc.stop_at or total)
     pad, micro, every = tokenizer.pad_token_id, cfg.optim.micro_batch_size, cfg.train.eval_every
     window = _Window()
     shard = ray.train.get_dataset_shard("train")
@@ -119,9 +118,9 @@ def sft_loop(config: dict[str, Any]) -> None:
             engine=engine,
             tokenizer=tokenizer,
             zero_stage=cfg.deepspeed.zero_stage,
-            run_dir=config["run_dir"],
+            run_dir=lc.run_dir,
             run=cfg.run,
-            config=config["cfg"],
+            config=lc.cfg,
         ),
         state,
     )

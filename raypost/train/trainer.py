@@ -12,6 +12,7 @@ import ray.train
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from raypost.config import ResourcesConfig, RunConfig
+from raypost.train.loop import LoopConfig
 from raypost.utils import storage
 from raypost.utils.alloc import jemalloc_env
 
@@ -36,7 +37,7 @@ def learner_request(res: ResourcesConfig) -> dict[str, float]:
 
 def fit(
     loop: Callable[[dict[str, Any]], None],
-    loop_config: dict[str, Any],
+    loop_config: LoopConfig,
     res: ResourcesConfig,
     run: RunConfig,
     datasets: dict[str, ray.data.Dataset],
@@ -62,7 +63,7 @@ def fit(
     opts.preserve_order = True
     trainer = TorchTrainer(
         loop,
-        train_loop_config=loop_config,
+        train_loop_config={"loop": loop_config},
         scaling_config=ray.train.ScalingConfig(
             num_workers=res.num_workers, use_gpu=res.gpus_per_worker > 0, resources_per_worker=worker_resources(res)
         ),

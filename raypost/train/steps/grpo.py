@@ -14,7 +14,7 @@ from raypost.algos.offpolicy import current_version_ratio
 from raypost.config.grpo import GRPOConfig
 from raypost.rl.records import Sequence
 from raypost.rl.tensors import collate, loss_tokens, token_logprobs, trim_to_completions
-from raypost.train.batches import micro_batches, to_device
+from raypost.train.batches import micro_batches
 from raypost.train.collectives import all_sum
 from raypost.train.steps import accumulate, mean_metrics
 
@@ -31,25 +31,23 @@ def learn(engine: Any, ref: Any, rows: list[Sequence], cfg: GRPOConfig, pad_id: 
     fresh = [0.0, 0.0]  # this rank's summed ratio and tokens of samples from the weights it trains
 
     def loss_of(mb: list[Sequence]) -> tuple[torch.Tensor, dict[str, float]]:
-        b, keep = trim_to_completions(to_device(collate(mb, pad_id), engine.device))
+        b, keep = trim_to_completions(collate(mb, pad_id).to(engine.device))
         logits = engine(
-            input_ids=b["input_ids"], attention_mask=b["attention_mask"], use_cache=False, logits_to_keep=keep
+            input_ids=b.input_ids, attention_mask=b.attention_mask, use_cache=False, logits_to_keep=keep
         ).logits
-        logp, entropy = token_logprobs(logits, b["targets"], algo.temperature)
+        logp, entropy = token_logprobs(logits, b.targets, algo.temperature)
         kl = None
         if algo.beta > 0:
             with torch.no_grad():
-                ref_logits = ref(
-                    input_ids=b["input_ids"], attention_mask=b["attention_mask"], logits_to_keep=keep
-                ).logits
-            kl = kl_fn(logp, token_logprobs(ref_logits, b["targets"], algo.temperature)[0])
+                ref_logits = ref(input_ids=b.input_ids, attention_mask=b.attention_mask, logits_to_keep=keep).logits
+            kl = kl_fn(logp, token_logprobs(ref_logits, b.targets, algo.temperature)[0])
         # One update per batch: the proximal policy is this forward's own (pre-update) log-probs.
-        anchor, weight, mask, m_is = correct(logp, logp.detach(), b["old_logp"], b["mask"], cfg.async_rl.is_cap)
-        loss, m = loss_fn(logp, anchor, b["adv"], mask, params, kl, weight, counts)
+        anchor, weight, mask, m_is = correct(logp, logp.detach(), b.old_logp, b.mask, cfg.async_rl.is_cap)
+        loss, m = loss_fn(logp, anchor, b.adv, mask, params, kl, weight, counts)
         m.update(m_is)
-        ratio, tokens = current_version_ratio(logp, b["old_logp"], b["mask"], b["fresh"])
+        ratio, tokens = current_version_ratio(logp, b.old_logp, b.mask, b.fresh)
         fresh[0], fresh[1] = fresh[0] + ratio, fresh[1] + tokens
-        m["entropy"] = float((entropy * b["mask"]).sum() / b["mask"].sum().clamp(min=1))
+        m["entropy"] = float((entropy * b.mask).sum() / b.mask.sum().clamp(min=1))
         return loss, m
 
     share, per_chunk = accumulate(engine, list(micro_batches(rows, cfg.optim.micro_batch_size)), loss_of)

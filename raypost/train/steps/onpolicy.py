@@ -15,9 +15,9 @@ import torch
 
 from raypost.algos.distill import KDParams, kd_loss, on_policy_reverse_kl
 from raypost.config.distill import DistillConfig
-from raypost.rl.records import Sequence
+from raypost.rl.records import LearnerBatch, Sequence
 from raypost.rl.tensors import collate, loss_tokens, token_logprobs, trim_to_completions
-from raypost.train.batches import micro_batches, to_device
+from raypost.train.batches import micro_batches
 from raypost.train.collectives import all_sum
 from raypost.train.steps import accumulate, mean_metrics
 
@@ -38,15 +38,15 @@ def teacher_tensors(rows: list[Sequence], t: int, k: int) -> tuple[torch.Tensor,
 
 
 def _gkd(
-    logits: torch.Tensor, logp: torch.Tensor, b: dict[str, torch.Tensor], kd: KDParams, norm: float
+    logits: torch.Tensor, logp: torch.Tensor, b: LearnerBatch, kd: KDParams, norm: float
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    keep = b["mask"] > 0
+    keep = b.mask > 0
     weights = torch.ones(int(keep.sum()), device=logits.device)
-    total, _, m = kd_loss(logits[:, :-1][keep], b["top_ids"][keep], b["top_lp"][keep], weights, kd)
+    total, _, m = kd_loss(logits[:, :-1][keep], b.top_ids[keep], b.top_lp[keep], weights, kd)
     with torch.no_grad():  # the same diagnostics as the reverse-KL loss reports
-        tokens = b["mask"].sum().clamp(min=1)
-        m["reverse_kl"] = float(((b["old_logp"] - b["teacher_lp"]) * b["mask"]).sum() / tokens)
-        m["ratio_mean"] = float(((logp - b["old_logp"]).exp() * b["mask"]).sum() / tokens)
+        tokens = b.mask.sum().clamp(min=1)
+        m["reverse_kl"] = float(((b.old_logp - b.teacher_lp) * b.mask).sum() / tokens)
+        m["ratio_mean"] = float(((logp - b.old_logp).exp() * b.mask).sum() / tokens)
     return total / max(norm, 1.0), m
 
 
@@ -60,16 +60,16 @@ def learn(engine: Any, rows: list[Sequence], cfg: DistillConfig, pad_id: int) ->
 
     def loss_of(mb: list[Sequence]) -> tuple[torch.Tensor, dict[str, float]]:
         b = collate(mb, pad_id)
-        b["teacher_lp"], b["top_ids"], b["top_lp"] = teacher_tensors(mb, b["input_ids"].shape[1], k)
-        b, positions = trim_to_completions(to_device(b, engine.device))
+        b.teacher_lp, b.top_ids, b.top_lp = teacher_tensors(mb, b.input_ids.shape[1], k)
+        b, positions = trim_to_completions(b.to(engine.device))
         logits = engine(
-            input_ids=b["input_ids"], attention_mask=b["attention_mask"], use_cache=False, logits_to_keep=positions
+            input_ids=b.input_ids, attention_mask=b.attention_mask, use_cache=False, logits_to_keep=positions
         ).logits
         # log-probs at the sampling temperature, as the replica's behaviour log-probs are
-        logp, _ = token_logprobs(logits, b["targets"], d.on_policy_temperature)
+        logp, _ = token_logprobs(logits, b.targets, d.on_policy_temperature)
         if d.on_policy_loss == "gkd":
             return _gkd(logits, logp, b, kd, norm)
-        return on_policy_reverse_kl(logp, b["old_logp"], b["teacher_lp"], b["mask"], norm)
+        return on_policy_reverse_kl(logp, b.old_logp, b.teacher_lp, b.mask, norm)
 
     share, per_chunk = accumulate(engine, list(micro_batches(rows, d.on_policy_optim.micro_batch_size)), loss_of)
     metrics = mean_metrics(per_chunk)

@@ -1,0 +1,121 @@
+"""The rollout replica's drain-and-reload logic with a fake engine injected in place of vLLM:
+a newer version waits for the requests in flight, is loaded once however many requests ask,
+resets the prefix cache, and every request reports the version that generated it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from raypost.serve.rollout_app import RolloutServer, Sampling
+
+
+class FakeEngine:
+    """What the replica calls on vLLM's AsyncLLM: a load through the worker extension, a prefix
+    cache reset; generation takes ``gen_s`` and reports the version loaded when it started."""
+
+    def __init__(self, server: Any, gen_s: float = 0.05) -> None:
+        self.server, self.gen_s = server, gen_s
+        self.loaded: list[tuple[int, int]] = []  # (version, requests in flight at the load)
+        self.resets = 0
+        self.weights = 0
+
+    async def collective_rpc(self, method: str, args: tuple) -> list[bool]:
+        assert method == "raypost_load"
+        self.loaded.append((args[0]["version"], self.server._inflight))
+        await asyncio.sleep(0.01)
+        self.weights = args[0]["version"]
+        return [True]
+
+    async def reset_prefix_cache(self) -> None:
+        self.resets += 1
+
+    async def sample(self, prompt: list[int], n: int) -> list[dict[str, Any]]:
+        weights = self.weights
+        await asyncio.sleep(self.gen_s)
+        assert self.weights == weights, "the weights changed under a request in flight"
+        return [{"token_ids": [weights], "text": "", "finish_reason": "length", "logprobs": [-1.0]}] * n
+
+
+class FakeChannel:
+    """A board with one published version, set by the test."""
+
+    def __init__(self) -> None:
+        self.published = 0
+        self.fetches = 0
+
+    async def newer_than(self, have: int) -> bool:
+        return self.published not in (0, have)
+
+    async def fetch(self, have: int) -> tuple[int, dict[str, Any] | None]:
+        self.fetches += 1
+        if self.published in (0, have):
+            return have, None
+        return self.published, {"transport": "fake", "version": self.published}
+
+
+def replica(channel: FakeChannel | None, gen_s: float = 0.05) -> Any:
+    """A RolloutServer built around the fakes, without its constructor (which starts vLLM)."""
+    server = RolloutServer.func_or_class.__new__(RolloutServer.func_or_class)
+    server.engine = FakeEngine(server, gen_s)
+    server.channel, server.version, server._inflight, server._lock = channel, 0, 0, asyncio.Lock()
+
+    async def sample(prompt_ids: list[int], n: int, s: Sampling) -> list[dict[str, Any]]:
+        return await server.engine.sample(prompt_ids, n)
+
+    server._sample = sample
+    return server
+
+
+def served_versions(out: list[dict[str, Any]]) -> set[tuple[int, int]]:
+    """(version reported, version whose weights generated it) of each answer."""
+    return {(g["version"], c["token_ids"][0]) for g in out for c in g["completions"]}
+
+
+@pytest.mark.timeout(30)
+def test_a_new_version_waits_for_the_requests_in_flight_and_loads_once():
+    async def run() -> None:
+        chan = FakeChannel()
+        server = replica(chan)
+        chan.published = 1
+        first = await asyncio.gather(*[server.generate([[1, 2]], 2) for _ in range(8)])
+        assert server.engine.loaded == [(1, 0)] and server.engine.resets == 1  # eight requests, one load
+        assert all(served_versions(o) == {(1, 1)} for o in first)
+        # Requests in flight on version 1 when version 2 is published: they finish on version 1,
+        # the load waits for them (0 in flight at the load), the next requests get version 2.
+        slow = [asyncio.create_task(server.generate([[3]], 1)) for _ in range(4)]
+        await asyncio.sleep(0.01)
+        assert server._inflight == 4
+        chan.published = 2
+        later = [asyncio.create_task(server.generate([[4]], 1)) for _ in range(4)]
+        done = await asyncio.gather(*slow, *later)
+        assert [served_versions(o) for o in done] == [{(1, 1)}] * 4 + [{(2, 2)}] * 4
+        assert server.engine.loaded == [(1, 0), (2, 0)] and server.engine.resets == 2
+        # A learner resumed from an earlier checkpoint republishes version 1: the replica goes back.
+        chan.published = 1
+        assert await server.weight_version() == 1 and server.engine.loaded[-1] == (1, 0)
+
+    asyncio.run(run())
+
+
+@pytest.mark.timeout(30)
+def test_a_replica_without_a_channel_serves_the_model_as_loaded():
+    async def run() -> None:
+        server = replica(None)
+        out = await server.generate([[1]], 3)
+        assert served_versions(out) == {(0, 0)} and server.engine.loaded == [] and server.engine.resets == 0
+
+    asyncio.run(run())
+
+
+@pytest.mark.timeout(30)
+def test_a_fetch_that_finds_nothing_new_leaves_the_engine_alone():
+    async def run() -> None:
+        chan = FakeChannel()
+        server = replica(chan)
+        await asyncio.gather(*[server.generate([[1]], 1) for _ in range(3)])
+        assert chan.fetches == 0 and server.engine.loaded == []  # nothing published: newer_than says so
+
+    asyncio.run(run())
