@@ -150,7 +150,9 @@ def _kill_drill(fault: str, class_prefix: str, extra: list[str], at_step: int, r
         job = GRPOJob(head, root, re.sub(r"\W+", "-", fault), 8, [*extra, *eta_args(eta)])
         job_id = job.submit()
         job.wait_step(1, job_id)
-        victims = _actor_pids(head, class_prefix)  # found ahead: the kill must land right after at_step
+        victims = _actor_pids(
+            head, class_prefix.format(run=job.name)
+        )  # found ahead: the kill must land right after at_step
         if not victims:
             raise RuntimeError(f"no live ray::{class_prefix}* process under this head")
         job.wait_step(at_step, job_id)
@@ -162,7 +164,9 @@ def _kill_drill(fault: str, class_prefix: str, extra: list[str], at_step: int, r
 
 
 def replica_drill(root: Path, eta: int) -> dict[str, Any]:
-    return _kill_drill("rollout replica kill", "ServeReplica:rollout", ["--rollout.num_replicas", "2"], 2, root, eta)
+    return _kill_drill(
+        "rollout replica kill", "ServeReplica:{run}-rollout", ["--rollout.num_replicas", "2"], 2, root, eta
+    )
 
 
 def worker_drill(root: Path, eta: int) -> dict[str, Any]:
@@ -266,13 +270,13 @@ def resubmit_drill(root: Path, eta: int, fresh_store: bool = False) -> dict[str,
     return {**row, **job.audit(t_fault, step_at_fault, logs)}
 
 
-def _pin(head: LocalHead, replicas: int) -> None:
+def _pin(head: LocalHead, app: str, replicas: int) -> None:
     """`python -m raypost.serve.scaling --replicas N`, run as a job on the cluster."""
     from ray.job_submission import JobSubmissionClient
 
     client = JobSubmissionClient(head.dashboard_url)
     job_id = client.submit_job(
-        entrypoint=f"{sys.executable} -m raypost.serve.scaling --replicas {replicas}",
+        entrypoint=f"{sys.executable} -m raypost.serve.scaling --app {app} --replicas {replicas}",
         runtime_env={"working_dir": str(ROOT)},
     )
     deadline = time.time() + 120
@@ -284,21 +288,21 @@ def _pin(head: LocalHead, replicas: int) -> None:
         raise RuntimeError(f"the scaling command failed:\n{client.get_job_logs(job_id)[-2000:]}")
 
 
-def _running_replicas(head: LocalHead) -> int:
+def _running_replicas(head: LocalHead, app: str) -> int:
     """RUNNING replicas of the rollout deployment, from Serve's REST API on the dashboard."""
     from raypost.utils.resubmit import auth_headers
 
     req = urllib.request.Request(f"{head.dashboard_url}/api/serve/applications/", headers=auth_headers())
     with urllib.request.urlopen(req, timeout=10) as resp:
         apps = json.loads(resp.read())["applications"]
-    deployment = apps.get("rollout", {}).get("deployments", {}).get("RolloutServer", {})
+    deployment = apps.get(app, {}).get("deployments", {}).get("RolloutServer", {})
     return sum(r["state"] == "RUNNING" for r in deployment.get("replicas", []))
 
 
-def _wait_replicas(head: LocalHead, count: int, timeout: float = 300.0) -> float:
+def _wait_replicas(head: LocalHead, app: str, count: int, timeout: float = 300.0) -> float:
     t0 = time.time()
     while time.time() - t0 < timeout:
-        if _running_replicas(head) == count:
+        if _running_replicas(head, app) == count:
             return time.time() - t0
         time.sleep(0.5)
     raise TimeoutError(f"rollout did not reach {count} running replicas within {timeout:.0f} s")
@@ -325,12 +329,12 @@ def scale_drill(root: Path, eta: int, steps: int = 100) -> dict[str, Any]:
         job_id = job.submit()
         job.wait_step(1, job_id)
         t_fault = time.time()
-        _pin(head, 2)
-        up_s = _wait_replicas(head, 2)
+        _pin(head, f"{job.name}-rollout", 2)
+        up_s = _wait_replicas(head, f"{job.name}-rollout", 2)
         step_up = max(r["step"] for r in job.steps_done())
         job.wait_step(step_up + 2, job_id)  # trains on two replicas
-        _pin(head, 1)
-        down_s = _wait_replicas(head, 1)
+        _pin(head, f"{job.name}-rollout", 1)
+        down_s = _wait_replicas(head, f"{job.name}-rollout", 1)
         status, logs = job.wait_done(job_id)
     rows = job.steps_done()
     return {

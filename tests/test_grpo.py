@@ -168,7 +168,7 @@ def test_grpo_job_learns_then_resumes_async_with_a_reward_model(cluster, tmp_pat
     # Every learner worker (warm-up and GRPO) ran on node A, every rollout replica on node B: the
     # pushed weights crossed nodes, and behav_ratio_mean (below) shows they arrived whole.
     assert actor_nodes(head, "RayTrainWorker") == {cluster.learner}
-    assert actor_nodes(head, "ServeReplica:rollout:RolloutServer") == {cluster.rollout}
+    assert actor_nodes(head, "ServeReplica:g-rollout:RolloutServer") == {cluster.rollout}
 
     # Re-submitting with a longer budget resumes after the last step: the warm-up is not redone,
     # 3 more steps are trained from new prompts and weight versions continue. The resumed run is
@@ -293,9 +293,9 @@ def test_a_failed_run_removes_its_serve_apps(monkeypatch, tmp_path):
         run_pipeline("grpo", [])
     assert calls == [
         "close weights",
-        "deploy rollout,reward",
+        "deploy grpo-rollout,grpo-reward",
         "evaluate",
         "train",
-        "delete rollout,reward",
+        "delete grpo-rollout,grpo-reward",
         "close weights",
     ]

@@ -87,6 +87,28 @@ def test_rewind_drops_what_the_restored_model_never_kept(tmp_path):
     assert [json.loads(x)["phase"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == ["sft"]
 
 
+def test_a_torn_last_record_is_dropped_and_the_learner_resumes(tmp_path):
+    """A kill or a full disk during an append leaves half a line at the end of a record: the next
+    start drops it (and says so) instead of failing every start after; a bad line elsewhere is
+    an error naming the file and line."""
+    from raypost.utils.metrics import read_metrics
+
+    for step in range(1, 4):
+        log_trained(tmp_path, step, [f"s{step}"])
+    with open(tmp_path / "trained_samples.jsonl", "a") as fh:
+        fh.write('{"step": 4, "ids": ["s4"')  # torn: no closing brackets, no newline
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "phase": "grpo"}\n{"step": 2, "pha')
+    assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 1, "phase": "grpo"}]
+    assert rewind_logs(tmp_path, 3, "grpo") == 2  # the two torn lines
+    trained = [json.loads(x) for x in (tmp_path / "trained_samples.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in trained] == [1, 2, 3]
+    log_trained(tmp_path, 4, ["s4"])  # the next append starts on a line of its own
+    assert json.loads((tmp_path / "trained_samples.jsonl").read_text().splitlines()[-1]) == {"step": 4, "ids": ["s4"]}
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 2}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2 is not JSON"):
+        rewind_logs(tmp_path, 3, "grpo")
+
+
 def test_rollout_policy_follows_the_pin_else_queue_depth(ray_cluster):
     from raypost.serve.scaling import pin_replicas, pinned_replicas, rollout_policy
 

@@ -167,7 +167,7 @@ def answer_styles(cfg: Any, models: dict[str, str], data: Any, run_dir: Path) ->
     for name, path in models.items():
         if name in styles:
             continue
-        ev = heldout_accuracy(path, data.eval_rows(n), cfg.eval, run_dir, cfg.rollout, keep_samples=n)
+        ev = heldout_accuracy(path, data.eval_rows(n), cfg.eval, cfg.rollout, keep_samples=n)
         texts = [x["completion"].strip() for x in ev["samples"]]
         worked = [t for t in texts if "=" in t.split("####")[0]]
         styles[name] = {
@@ -190,12 +190,16 @@ def shared_replica(cfg: Any, start: str, data: Any, run_dir: Path) -> Iterator[C
     Used after all training: an idle replica would hold CPUs the on-policy cells place on."""
     from safetensors.torch import load_file
 
+    from raypost.config.weights import ShmWeights
     from raypost.eval.accuracy import rollout_accuracy
     from raypost.phases.distill import num_params
-    from raypost.serve.apps import served
+    from raypost.serve.apps import deployed
+    from raypost.serve.apps import rollout as rollout_app
+    from raypost.serve.rollout_client import RolloutClient
+    from raypost.weights import open_channel
 
     rows = data.eval_rows(cfg.data.max_eval_samples)
-    rollout = cfg.rollout.model_copy(update={"weight_transport": "shm"})  # the driver is on the replica's node
+    rollout = cfg.rollout.model_copy(update={"weights": ShmWeights()})  # the driver is on the replica's node
     with contextlib.ExitStack() as stack:
         client, version = None, 0
 
@@ -203,8 +207,9 @@ def shared_replica(cfg: Any, start: str, data: Any, run_dir: Path) -> Iterator[C
             nonlocal client, version
             t0 = time.time()
             if client is None:
-                client = stack.enter_context(served(start, rollout, "eval-cells", run_dir, chunk=cfg.eval.batch_size))
-                stack.callback(client.channel.close)  # the version record and the pushed files
+                chan = open_channel(rollout, f"{cfg.run.name}-eval-cells")  # closed with the app: record and files
+                stack.enter_context(deployed([rollout_app("eval-cells", start, rollout, chan)], cleanup=chan.close))
+                client = RolloutClient("eval-cells", chan, rollout.max_attempts, chunk=cfg.eval.batch_size)
             if path is not None:
                 version += 1
                 client.update_weights(version, load_file(str(Path(path) / "model.safetensors")))
@@ -242,7 +247,7 @@ def run(args: argparse.Namespace) -> dict:
                     "teacher": {
                         "path": teacher.model_path,
                         "finetune_s": _marker_wall(run_dir / "teacher_done.json"),
-                        **_brief(phases.evaluate(cfg, teacher.model_path, data, run_dir)),
+                        **_brief(phases.evaluate(cfg, teacher.model_path, data)),
                     },
                 }
             )

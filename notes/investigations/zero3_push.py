@@ -59,6 +59,14 @@ class PeakSampler:
         self.above_mb = self.peak - self.start
 
 
+def shm_channel(weights_dir: Path) -> Any:
+    """The shm channel whose files go to ``weights_dir``."""
+    from raypost.config.weights import ShmWeights
+    from raypost.weights.shm import ShmChannel
+
+    return ShmChannel(ShmWeights(dir=str(weights_dir.parent)), weights_dir.name)
+
+
 def push_once(config: dict[str, Any]) -> None:
     """Ray Train entry: build the ZeRO-3 engine, push once the configured way, report from rank 0."""
     import deepspeed
@@ -67,7 +75,6 @@ def push_once(config: dict[str, Any]) -> None:
 
     from raypost.config import DeepSpeedConfig, OptimConfig
     from raypost.models.hf import load_causal_lm
-    from raypost.serve.channel import channel
     from raypost.train.collectives import barrier
     from raypost.train.engine import deepspeed_config, init_distributed
     from raypost.train.sync import push_weights
@@ -81,7 +88,7 @@ def push_once(config: dict[str, Any]) -> None:
     ds = deepspeed_config(DeepSpeedConfig(zero_stage=3), OptimConfig(micro_batch_size=1), world)
     engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.0), config=ds)
     del model
-    chan = channel("shm", config["weights_dir"])
+    chan = shm_channel(Path(config["weights_dir"]))
     barrier()
     with PeakSampler() as peak:
         t0 = time.perf_counter()
@@ -129,11 +136,9 @@ def run_way(model: Path, way: str, bucket_mb: int, work: Path) -> dict[str, Any]
         raise result.error
     from safetensors.torch import load_file
 
-    from raypost.serve.channel import channel
-
     out = json.loads(report.read_text())
     out["weights"] = load_file(str(weights_dir / "v1.safetensors"))
-    channel("shm", weights_dir).close()
+    shm_channel(weights_dir).close()
     return out
 
 

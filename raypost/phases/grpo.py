@@ -25,7 +25,6 @@ from raypost.utils.cluster import check_one_node, check_resources
 from raypost.weights import WeightChannel, check_weight_path, open_channel
 
 log = logging.getLogger("raypost")
-ROLLOUT_APP, REWARD_APP = "rollout", "reward"  # grpo_loop finds them by these names
 COLOCATED_CPUS = 0.01  # colocated: Serve replicas reserve a token share and take turns with the learner
 
 
@@ -86,8 +85,15 @@ def check_placement(cfg: GRPOConfig) -> None:
     check_weight_path(cfg.rollout, worker, replica)
 
 
+def app_names(cfg: GRPOConfig) -> dict[str, str]:
+    """The run's Serve apps, named after it: two runs on one cluster never touch each other's
+    (an earlier job's apps of the same run are replaced). The learner finds them by these names."""
+    return {"rollout": f"{cfg.run.name}-rollout", "reward": f"{cfg.run.name}-reward"}
+
+
 def apps(cfg: GRPOConfig, model_path: str) -> list[App]:
-    """The job's Serve apps: "rollout" (vLLM replicas serving the pushed weights) and "reward"."""
+    """The job's Serve apps: "<run>-rollout" (vLLM replicas serving the pushed weights) and
+    "<run>-reward", routed at /<run>/rollout and /<run>/reward."""
     rollout_cpus, reward_cpus = serve_resources(cfg)
     rollout_cfg = cfg.rollout.model_copy(update={"cpus_per_replica": rollout_cpus})
     reward_cfg = cfg.reward.model_copy(update={"cpus_per_replica": reward_cpus})
@@ -97,8 +103,9 @@ def apps(cfg: GRPOConfig, model_path: str) -> list[App]:
 
         return build_app(reward_cfg)
 
-    rollout = serve_apps.rollout(ROLLOUT_APP, model_path, rollout_cfg, weight_channel(cfg), "/rollout")
-    return [rollout, App(REWARD_APP, reward, "/reward")]
+    names, run = app_names(cfg), cfg.run.name
+    rollout = serve_apps.rollout(names["rollout"], model_path, rollout_cfg, weight_channel(cfg), f"/{run}/rollout")
+    return [rollout, App(names["reward"], reward, f"/{run}/reward")]
 
 
 @contextlib.contextmanager
@@ -131,6 +138,7 @@ def train(cfg: GRPOConfig, model_path: str, data: PreparedData, run_dir: Path) -
             total_steps=cfg.algo.steps,
             grad_accum=cfg.grad_accum,
             channel=weight_channel(cfg),
+            apps=app_names(cfg),
         ),
         cfg.resources,
         cfg.run.model_copy(update={"storage_path": str(run_dir)}),
@@ -149,7 +157,7 @@ def evaluate(cfg: GRPOConfig, data: PreparedData, version: int | None = None) ->
     from raypost.eval import rollout_accuracy
     from raypost.serve.rollout_client import RolloutClient
 
-    client = RolloutClient(ROLLOUT_APP, weight_channel(cfg), cfg.rollout.max_attempts, chunk=16)
+    client = RolloutClient(app_names(cfg)["rollout"], weight_channel(cfg), cfg.rollout.max_attempts, chunk=16)
     if version is not None:
         asyncio.run(client.await_version(version))
     return rollout_accuracy(

@@ -17,22 +17,26 @@ from raypost.train.onpolicy_loop import onpolicy_loop
 from raypost.train.trainer import fit
 from raypost.weights import WeightChannel, open_channel
 
-STUDENT_APP, TEACHER_APP = "distill-student", "distill-teacher"
 
-
-def _apps(cfg: DistillConfig, teacher_path: str, student_path: str, chan: WeightChannel) -> list[App]:
+def _apps(
+    names: dict[str, str], teacher_path: str, student_path: str, cfg: DistillConfig, chan: WeightChannel
+) -> list[App]:
     """The student replica serves the versions pushed through ``chan``; the teacher's stays as loaded."""
-    return [rollout(STUDENT_APP, student_path, cfg.rollout, chan), rollout(TEACHER_APP, teacher_path, cfg.rollout)]
+    return [
+        rollout(names["student"], student_path, cfg.rollout, chan),
+        rollout(names["teacher"], teacher_path, cfg.rollout),
+    ]
 
 
 def run_on_policy(cfg: DistillConfig, teacher_path: str, student_path: str, data: PreparedData, out: Path) -> SFTResult:
     d = cfg.distill
-    chan = open_channel(cfg.rollout, f"{cfg.run.name}-{out.name}")
+    key = f"{cfg.run.name}-{out.name}"  # the run's channel and apps, named after the run and phase
+    chan, names = open_channel(cfg.rollout, key), {"student": f"{key}-student", "teacher": f"{key}-teacher"}
     chan.close()  # a resumed learner republishes its restored version
     prompts = preprocess.prompt_order(data.train, d.on_policy_steps * d.prompts_per_step, cfg.run.seed)
     seqs = d.prompts_per_step * d.samples_per_prompt
     t0 = time.time()
-    with deployed(_apps(cfg, teacher_path, student_path, chan), cleanup=chan.close):
+    with deployed(_apps(names, teacher_path, student_path, cfg, chan), cleanup=chan.close):
         # the final weights are in the checkpoint: the pushed ones go with the apps
         result = fit(
             onpolicy_loop,
@@ -43,7 +47,7 @@ def run_on_policy(cfg: DistillConfig, teacher_path: str, student_path: str, data
                 total_steps=d.on_policy_steps,
                 grad_accum=seqs // (cfg.resources.num_workers * d.on_policy_optim.micro_batch_size),
                 channel=chan,
-                apps={"student": STUDENT_APP, "teacher": TEACHER_APP},
+                apps=names,
             ),
             cfg.resources,
             cfg.run.model_copy(update={"storage_path": str(out.parent)}),

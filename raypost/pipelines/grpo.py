@@ -4,7 +4,8 @@ What it does, in order:
   1. parse and validate the config (YAML + dotted CLI overrides) before any heavy import;
   2. Ray Data preprocesses prompts (chat template, tokenization, rejects);
   3. builds the offline tiny model (or loads --model) and warms it up with the SFT learner;
-  4. deploys two Serve apps: "rollout" (vLLM replicas) and "reward" (verifiers + reward model);
+  4. deploys two Serve apps named after the run: "<run>-rollout" (vLLM replicas) and
+     "<run>-reward" (verifiers + reward model);
   5. measures held-out greedy accuracy, trains GRPO on Ray Train + DeepSpeed, measures again;
   6. removes its Serve apps and pushed weights; writes report.json and reward.png.
 

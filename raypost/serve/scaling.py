@@ -9,7 +9,7 @@ stop. A new replica loads the latest pushed weight version before it serves.
   python -m raypost.serve.scaling --replicas 2     # pin 2 replicas (within min/max)
   python -m raypost.serve.scaling --auto           # back to queue-depth autoscaling
   python -m raypost.serve.scaling                  # show the pinned count and live replicas
-(RAY_ADDRESS names the cluster; --app picks another app than "rollout".)
+(RAY_ADDRESS names the cluster; --app names the run's rollout app, "<run name>-rollout".)
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def live_replicas(app_name: str) -> dict[str, int]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--app", default="rollout", help="Serve application name (default: rollout)")
+    parser.add_argument("--app", required=True, help="the run's rollout app: <run name>-rollout")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--replicas", type=int, help="pin this many replicas (within the app's min/max)")
     group.add_argument("--auto", action="store_true", help="clear the pin: queue-depth autoscaling")

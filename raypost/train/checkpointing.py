@@ -16,6 +16,7 @@ from typing import Any
 import ray.train
 
 from raypost.utils import storage
+from raypost.utils.metrics import read_records
 
 log = logging.getLogger("raypost")
 
@@ -101,13 +102,11 @@ def rewind_logs(run_dir: str | Path, step: int, phase: str) -> int:
         ("metrics.jsonl", lambda r: r.get("phase") == phase and r["step"] > step),
     ):
         path = Path(run_dir) / name
-        if not path.exists():
-            continue
-        lines = path.read_text().splitlines()
-        keep = [x for x in lines if not stale(json.loads(x))]
-        if len(keep) < len(lines):
-            path.write_text("".join(f"{x}\n" for x in keep))
-            dropped += len(lines) - len(keep)
+        rows, torn = read_records(path)
+        keep = [r for r in rows if not stale(r)]
+        if torn or len(keep) < len(rows):
+            path.write_text("".join(json.dumps(r) + "\n" for r in keep))
+            dropped += len(rows) - len(keep) + torn
     return dropped
 
 

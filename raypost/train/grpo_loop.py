@@ -86,8 +86,8 @@ def _producer(cfg: GRPOConfig, state: checkpointing.ControllerState, lc: LoopCon
         G.dynamic_sampling(cfg.algo),
         version=state.weight_version,
     )
-    client = RolloutClient("rollout", lc.channel, cfg.rollout.max_attempts, chunk=1)
-    return RolloutProducer(controller, client, serve.get_app_handle("reward"), lambda: next(rows), cfg.algo)
+    client = RolloutClient(lc.apps["rollout"], lc.channel, cfg.rollout.max_attempts, chunk=1)
+    return RolloutProducer(controller, client, serve.get_app_handle(lc.apps["reward"]), lambda: next(rows), cfg.algo)
 
 
 def _throughput(started: float) -> Callable[[list[Sequence], dict[str, float], float], dict[str, float]]:

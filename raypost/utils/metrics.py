@@ -85,14 +85,30 @@ class Progress:
         return " | ".join(parts)
 
 
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Rows of a metrics JSONL; for a step logged twice (a resumed run), the last one wins."""
+def read_records(path: str | Path) -> tuple[list[dict[str, Any]], bool]:
+    """The rows of an append-only JSONL record (metrics, trained samples) and whether its last line
+    was torn: an append cut short by a kill or a full disk leaves a last line that does not parse,
+    which is dropped (and logged). A bad line anywhere else is not a torn append: ValueError naming
+    the file and line."""
     p = Path(path)
     if not p.is_file():
-        return []
+        return [], False
+    lines = [(i, x) for i, x in enumerate(p.read_text().splitlines(), 1) if x.strip()]
+    rows = []
+    for n, (i, line) in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if n == len(lines) - 1:
+                logging.getLogger("raypost").warning("%s: dropped a torn last line %d (%s)", p, i, err)
+                return rows, True
+            raise ValueError(f"{p}:{i} is not JSON ({err}); only a torn last line can be dropped") from None
+    return rows, False
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a metrics JSONL; for a step logged twice (a resumed run), the last one wins."""
     by_key: dict[tuple, dict[str, Any]] = {}
-    for line in p.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            by_key[(row.get("phase", ""), row["step"])] = row
+    for row in read_records(path)[0]:
+        by_key[(row.get("phase", ""), row["step"])] = row
     return sorted(by_key.values(), key=lambda r: r.get("time", 0))

@@ -18,6 +18,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,16 +61,33 @@ def _client(address: str, wait_s: float) -> Any:
             time.sleep(2.0)
 
 
-def _wait(client: Any, job_id: str, poll_s: float) -> str:
-    """The job's terminal status, or "LOST" when the job server stops answering."""
+def _wait(client: Any, job_id: str, poll_s: float, grace_s: float) -> str:
+    """The job's terminal status, or "LOST" when the job server has not answered for ``grace_s``:
+    one failed poll (a busy head, a dropped connection) is retried, not taken for a lost job."""
+    failing_since: float | None = None
     while True:
         try:
             status = str(client.get_job_status(job_id).value)
-        except Exception:  # the head went away under us
-            return "LOST"
+            failing_since = None
+        except Exception as err:  # noqa: BLE001 - the head may be away for a while, or for good
+            failing_since = failing_since or time.time()
+            if time.time() - failing_since > grace_s:
+                return "LOST"
+            log.warning("status poll of %s failed (%s); retrying for up to %.0f s", job_id, err, grace_s)
+            time.sleep(poll_s)
+            continue
         if status in TERMINAL:
             return status
         time.sleep(poll_s)
+
+
+def _still_running(client: Any, job_id: str) -> bool:
+    """Whether the job a lost attempt submitted is still alive after the job server came back (a
+    second copy of it would share its run folder and Serve apps)."""
+    try:
+        return str(client.get_job_status(job_id).value) not in TERMINAL
+    except Exception:  # noqa: BLE001 - a new head that never saw the job
+        return False
 
 
 def submit_until_done(
@@ -79,15 +97,24 @@ def submit_until_done(
     max_attempts: int = 5,
     poll_s: float = 2.0,
     wait_head_s: float = 600.0,
+    grace_s: float = 60.0,
+    connect: Callable[[], Any] | None = None,
 ) -> Outcome:
-    """Submit ``entrypoint`` until one attempt succeeds, a user stops it, or attempts run out."""
-    out = Outcome()
+    """Submit ``entrypoint`` until one attempt succeeds, a user stops it, or attempts run out. A
+    job whose status polls failed for ``grace_s`` counts as lost; when the job server answers
+    again and that job is still running, it is waited on rather than submitted again.
+    ``connect`` (tests) replaces the job-server client."""
+    connect = connect or (lambda: _client(address, wait_head_s))
+    out, job_id = Outcome(), None
     for attempt in range(1, max_attempts + 1):
-        client = _client(address, wait_head_s)
+        client = connect()
         t0 = time.time()
-        job_id = client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env)
-        log.info("attempt %d/%d: submitted %s", attempt, max_attempts, job_id)
-        status = _wait(client, job_id, poll_s)
+        if job_id is not None and _still_running(client, job_id):
+            log.info("attempt %d/%d: %s is still running; waiting on it", attempt, max_attempts, job_id)
+        else:
+            job_id = client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env)
+            log.info("attempt %d/%d: submitted %s", attempt, max_attempts, job_id)
+        status = _wait(client, job_id, poll_s, grace_s)
         out.attempts.append({"job_id": job_id, "status": status, "seconds": round(time.time() - t0, 1)})
         out.status = status
         if status in ("SUCCEEDED", "STOPPED"):
@@ -106,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--working-dir", default=None, help="uploaded as the job's working_dir")
     parser.add_argument("--max-attempts", type=int, default=5)
     parser.add_argument("--wait-head-s", type=float, default=600.0, help="how long to wait for a head to come back")
+    parser.add_argument("--grace-s", type=float, default=60.0, help="how long failed status polls are retried")
     args = parser.parse_args(argv[:split])
     if args.max_attempts < 1:
         parser.error(f"--max-attempts must be >= 1, got {args.max_attempts}")
@@ -114,7 +142,12 @@ def main(argv: list[str] | None = None) -> None:
 
     env = {"working_dir": args.working_dir} if args.working_dir else None
     out = submit_until_done(
-        args.address, shlex.join(argv[split + 1 :]), env, args.max_attempts, wait_head_s=args.wait_head_s
+        args.address,
+        shlex.join(argv[split + 1 :]),
+        env,
+        args.max_attempts,
+        wait_head_s=args.wait_head_s,
+        grace_s=args.grace_s,
     )
     print(f"{out.status} after {len(out.attempts)} attempt(s): {out.attempts}", flush=True)
     sys.exit(0 if out.status == "SUCCEEDED" else 1)

@@ -1,0 +1,64 @@
+"""The re-submission wrapper's decisions, on a scripted job server: a failed status poll is
+retried, not taken for a lost job; a job still running when the server answers again is waited on,
+never submitted a second time; a lost or failed job is submitted again."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from raypost.utils.resubmit import submit_until_done
+
+
+class ScriptedServer:
+    """Answers each status poll from ``script`` (a status, or an exception to raise)."""
+
+    def __init__(self, script: list[Any]) -> None:
+        self.script, self.submitted = list(script), []
+
+    def connect(self) -> ScriptedServer:
+        """As ``_client`` does, wait until the server answers: the failures left are skipped."""
+        while len(self.script) > 1 and isinstance(self.script[0], Exception):
+            self.script.pop(0)
+        return self
+
+    def submit_job(self, entrypoint: str, runtime_env: Any = None) -> str:
+        self.submitted.append(entrypoint)
+        return f"job-{len(self.submitted)}"
+
+    def get_job_status(self, job_id: str) -> Any:
+        step = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+        if isinstance(step, Exception):
+            raise step
+        return SimpleNamespace(value=step)
+
+
+def run(server: ScriptedServer, grace_s: float = 5.0) -> Any:
+    return submit_until_done(
+        "unused", "python job.py", max_attempts=3, poll_s=0.01, grace_s=grace_s, connect=server.connect
+    )
+
+
+@pytest.mark.timeout(30)
+def test_a_failed_poll_is_retried_and_the_job_is_submitted_once():
+    server = ScriptedServer(["RUNNING", ConnectionError("reset"), ConnectionError("reset"), "RUNNING", "SUCCEEDED"])
+    out = run(server)
+    assert out.status == "SUCCEEDED" and server.submitted == ["python job.py"] and len(out.attempts) == 1
+
+
+@pytest.mark.timeout(30)
+def test_a_job_still_running_after_the_server_comes_back_is_waited_on():
+    # Polls fail past the grace (LOST); the server answers again and the job still runs: no copy.
+    server = ScriptedServer(["RUNNING", *[ConnectionError("head away")] * 30, "RUNNING", "RUNNING", "SUCCEEDED"])
+    out = run(server, grace_s=0.05)
+    assert [a["status"] for a in out.attempts] == ["LOST", "SUCCEEDED"]
+    assert server.submitted == ["python job.py"] and {a["job_id"] for a in out.attempts} == {"job-1"}
+
+
+@pytest.mark.timeout(30)
+def test_a_failed_job_is_submitted_again():
+    server = ScriptedServer(["FAILED", "FAILED", "SUCCEEDED"])
+    out = run(server)
+    assert [a["status"] for a in out.attempts] == ["FAILED", "SUCCEEDED"] and len(server.submitted) == 2
