@@ -3,8 +3,16 @@
 Importing this package registers every built-in estimator and loss.
 """
 
-from raypost.algos import advantages, kl, losses, offpolicy  # noqa: F401  (registration)
+from raypost.algos import advantages, kl, losses, offpolicy, preference  # noqa: F401  (registration)
 from raypost.algos.losses import BatchCounts, LossParams
-from raypost.algos.registry import ADVANTAGES, KL_ESTIMATORS, OFF_POLICY, POLICY_LOSSES
+from raypost.algos.registry import ADVANTAGES, KL_ESTIMATORS, OFF_POLICY, POLICY_LOSSES, PREFERENCE_LOSSES
 
-__all__ = ["ADVANTAGES", "KL_ESTIMATORS", "OFF_POLICY", "POLICY_LOSSES", "BatchCounts", "LossParams"]
+__all__ = [
+    "ADVANTAGES",
+    "KL_ESTIMATORS",
+    "OFF_POLICY",
+    "POLICY_LOSSES",
+    "PREFERENCE_LOSSES",
+    "BatchCounts",
+    "LossParams",
+]

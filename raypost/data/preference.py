@@ -155,3 +155,38 @@ class TokenizePairs:
             rejected_types=r_tt,
             raw=keep_raw(batch, rejects, ["id", "prompt", "chosen", "rejected"]),
         )
+
+
+class TokenizeChatPairs:
+    """Ray Data UDF for a causal LM's preference learner (DPO): the prompt through the chat
+    template (as SFT and GRPO build it), each response closed by EOS. Columns ``prompt_ids``,
+    ``chosen_ids`` and ``rejected_ids`` (responses only). Over-long pairs become rejects."""
+
+    def __init__(self, tokenizer_path: str, max_seq_len: int, system_prompt: str | None, template: str) -> None:
+        from raypost.models.hf import load_tokenizer
+
+        self.tok, self.max_seq_len = load_tokenizer(tokenizer_path), max_seq_len
+        self.system_prompt, self.template = system_prompt, template
+
+    def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
+        from raypost.data.tokenize import completion_ids, prompt_ids
+
+        rejects, prompts, chosen, rejected = batch["reject"].tolist(), [], [], []
+        for i, row in enumerate(batch.itertuples(index=False)):
+            good = not rejects[i]
+            p = prompt_ids(self.tok, row.prompt, self.system_prompt, self.template) if good else []
+            c = completion_ids(self.tok, row.chosen) if good else []
+            r = completion_ids(self.tok, row.rejected) if good else []
+            longest = len(p) + max(len(c), len(r))
+            if good and longest > self.max_seq_len:
+                rejects[i] = f"too long: {longest} tokens > data.max_seq_len {self.max_seq_len}"
+            prompts.append(p)
+            chosen.append(c)
+            rejected.append(r)
+        return batch.assign(
+            reject=rejects,
+            prompt_ids=prompts,
+            chosen_ids=chosen,
+            rejected_ids=rejected,
+            raw=keep_raw(batch, rejects, ["id", "prompt", "chosen", "rejected"]),
+        )

@@ -23,6 +23,7 @@ MODULES: dict[str, str] = {
     "grpo": "raypost.pipelines.grpo",
     "distill": "raypost.pipelines.distill",
     "reward_model": "raypost.pipelines.reward_model",
+    "dpo": "raypost.pipelines.dpo",
 }
 
 ALIASES: Mapping[str, str] = {"model": "model.path", "dataset": "data.path", "name": "run.name"}

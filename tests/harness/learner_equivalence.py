@@ -98,6 +98,19 @@ def rm_rows(vocab: int) -> list[dict[str, Any]]:
     ]
 
 
+def dpo_rows(vocab: int) -> list[dict[str, Any]]:
+    rng = random.Random(3)
+    return [
+        {
+            "id": str(i),
+            "prompt_ids": _ids(rng, p, vocab),
+            "chosen_ids": _ids(rng, c, vocab),
+            "rejected_ids": _ids(rng, LENGTHS[-1 - i], vocab),
+        }
+        for i, (p, c) in enumerate(zip(PROMPTS, LENGTHS))
+    ]
+
+
 # -- the learners' own step functions, one per case ------------------------------------------
 def _sft(objective_kd: dict | None) -> Callable:
     def step(engine: Any, rows: list, micro: int, pad: int, world: int, path: str) -> None:
@@ -171,6 +184,19 @@ def _rm(engine: Any, rows: list, micro: int, pad: int, world: int, path: str) ->
     train_step(engine, rows, cfg, pad)
 
 
+def _dpo(loss: str) -> Callable:
+    def step(engine: Any, rows: list, micro: int, pad: int, world: int, path: str) -> None:
+        from raypost.config.dpo import DPOConfig
+        from raypost.models.hf import load_causal_lm
+        from raypost.train.steps.dpo import learn
+
+        cfg = DPOConfig.model_validate({"dpo": {"loss": loss, "beta": 0.5}, "optim": {"micro_batch_size": micro}})
+        ref = load_causal_lm(path).eval() if loss != "simpo" else None
+        learn(engine, ref, rows, cfg, pad)
+
+    return step
+
+
 # case -> (rows builder, model kind, step)
 CASES: dict[str, tuple[Callable[[int], list], str, Callable]] = {
     "sft": (sft_rows, "lm", _sft(None)),
@@ -187,6 +213,8 @@ CASES: dict[str, tuple[Callable[[int], list], str, Callable]] = {
     "on_policy_reverse_kl": (lambda v: rl_rows(v, teacher=True), "lm", _on_policy("reverse_kl")),
     "on_policy_gkd": (lambda v: rl_rows(v, teacher=True), "lm", _on_policy("gkd")),
     "reward_model": (rm_rows, "rm", _rm),
+    "dpo_sigmoid": (dpo_rows, "lm", _dpo("sigmoid")),
+    "simpo": (dpo_rows, "lm", _dpo("simpo")),
 }
 
 

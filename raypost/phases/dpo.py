@@ -1,0 +1,99 @@
+"""Phases of the DPO job: preference pairs with Ray Data (built from question/answer rows or
+given), the policy (the tiny model built from their text, or ``model.path``), and DPO on Ray
+Train + DeepSpeed."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import ray.data
+
+from raypost.config.dpo import DPOConfig
+from raypost.data import preprocess
+from raypost.data.preference import TokenizeChatPairs, build_pairs, pair_schema
+from raypost.phases.data import base_model
+from raypost.train import checkpointing
+from raypost.train.dpo_loop import dpo_loop
+from raypost.train.loop import LoopConfig
+from raypost.train.trainer import fit, learner_request
+from raypost.utils.cluster import check_resources
+
+log = logging.getLogger("raypost")
+TEXT_COLUMNS = ["prompt", "chosen", "rejected", "kind"]
+
+
+def read_pairs(cfg: DPOConfig, run_dir: Path) -> tuple[str, ray.data.Dataset, ray.data.Dataset]:
+    """The policy's path and both splits' pair rows (untokenized). Built pairs come from
+    question/answer rows, whose text also builds the tiny model when ``model.path`` is unset."""
+    p = cfg.pairs
+    if not p.build:
+        train, evals = preprocess.read_splits(cfg.data, pair_schema(p.prompt_field, p.chosen_field, p.rejected_field))
+        if cfg.model.path is None:
+            raise ValueError("pairs.build=false needs model.path: the tiny model is built from question/answer rows")
+        return cfg.model.path, train, evals
+    rows = preprocess.read_splits(cfg.data)
+    model_path = base_model(cfg.model, rows[0], run_dir)
+    kwargs = {"mismatch_fraction": p.mismatch_fraction, "seed": p.seed}
+    train, evals = (s.map_batches(build_pairs, batch_format="pandas", batch_size=4096, fn_kwargs=kwargs) for s in rows)
+    return model_path, train, evals
+
+
+def prepare(cfg: DPOConfig, run_dir: Path) -> tuple[str, ray.data.Dataset, ray.data.Dataset, dict[str, Any]]:
+    """(policy path, tokenized train pairs, tokenized held-out pairs, counts); rejects with
+    their reasons go to ``run_dir/rejects.jsonl``."""
+    model_path, *splits = read_pairs(cfg, run_dir)
+    rejects = run_dir / "rejects.jsonl"
+    rejects.unlink(missing_ok=True)
+    d = cfg.data
+    kwargs = {"tokenizer_path": model_path, "max_seq_len": d.max_seq_len}
+    kwargs |= {"system_prompt": d.system_prompt, "template": d.prompt_template}
+    out, counts = [], {}
+    for name, ds in zip(("train", "eval"), splits):
+        good, c = preprocess.split_rejects(
+            preprocess.map_light(ds, TokenizeChatPairs, **kwargs).materialize(), name, rejects
+        )
+        out.append(good.drop_columns(TEXT_COLUMNS))
+        counts[name] = c.as_dict()
+    return model_path, out[0], out[1], counts
+
+
+def plan_steps(cfg: DPOConfig, num_pairs: int) -> int:
+    global_batch = cfg.optim.micro_batch_size * cfg.optim.grad_accum * cfg.resources.num_workers
+    steps = cfg.dpo.epochs * num_pairs // global_batch
+    if steps == 0:
+        raise ValueError(
+            f"{num_pairs} training pairs make no full global batch of {global_batch} "
+            "(optim.micro_batch_size x optim.grad_accum x resources.num_workers); lower one of them"
+        )
+    return min(steps, cfg.dpo.max_steps or steps)
+
+
+def train(
+    cfg: DPOConfig, model_path: str, train_ds: ray.data.Dataset, eval_ds: ray.data.Dataset, run_dir: Path
+) -> tuple[str, float, dict[str, Any]]:
+    """DPO on Ray Train; returns (HF export path, wall seconds, last metrics)."""
+    check_resources({"resources (learner)": learner_request(cfg.resources)})
+    total = plan_steps(cfg, train_ds.count())
+    order = preprocess.epoch_order(train_ds, cfg.dpo.epochs, cfg.run.seed).materialize()
+    held_out = eval_ds.limit(cfg.dpo.max_eval_pairs).materialize()
+    log.info(
+        "dpo (%s): %d steps on %d workers, %d held-out pairs",
+        cfg.dpo.loss,
+        total,
+        cfg.resources.num_workers,
+        held_out.count(),
+    )
+    t0 = time.time()
+    result = fit(
+        dpo_loop,
+        LoopConfig(cfg=cfg.model_dump(mode="json"), model_path=model_path, run_dir=str(run_dir), total_steps=total),
+        cfg.resources,
+        cfg.run,
+        {"train": order, "eval": held_out},
+    )
+    if result.error is not None:
+        raise result.error
+    return str(Path(result.checkpoint.path) / checkpointing.HF_DIR), time.time() - t0, dict(result.metrics or {})
