@@ -133,12 +133,25 @@ def _reward_model(ctx: dict[str, Any]) -> tuple[Any, Callable[[], float]]:
     return engine, lambda: train_step(engine, rows, cfg, tok.pad_token_id)["loss"]
 
 
+def _dpo(ctx: dict[str, Any]) -> tuple[Any, Callable[[], float]]:
+    from raypost.config.dpo import DPOConfig
+    from raypost.models.hf import load_causal_lm
+    from raypost.train.steps.dpo import learn
+    from tests.harness.learner_equivalence import dpo_rows
+
+    cfg, tok, engine = _learner(DPOConfig, {"optim": {"micro_batch_size": 2, "grad_accum": 4}}, ctx, lambda c: c.optim)
+    ref = load_causal_lm(str(ctx["model"]), ctx["precision"]).to(engine.device).eval()
+    rows = dpo_rows(tok.vocab_size)
+    return engine, lambda: learn(engine, ref, rows, cfg, tok.pad_token_id)["loss"]
+
+
 LEARNERS = {
     "sft": _sft(None),
     "offline_kd": _sft({"divergence": "forward_kl", "temperature": 2.0, "kd_weight": 0.7}),
     "grpo": _grpo,
     "on_policy": _on_policy,
     "reward_model": _reward_model,
+    "dpo": _dpo,
 }
 
 
