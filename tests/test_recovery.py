@@ -109,6 +109,29 @@ def test_a_torn_last_record_is_dropped_and_the_learner_resumes(tmp_path):
         rewind_logs(tmp_path, 3, "grpo")
 
 
+def test_a_resume_with_another_data_order_is_refused_naming_the_fields():
+    """A checkpoint records what its data order depends on; a resumed run whose dataset, seed or
+    global batch changed would read the cursor against another order, so it stops and names
+    them. Evaluation settings and the run's length may change."""
+    from raypost.config.base import build
+    from raypost.config.grpo import GRPOConfig
+    from raypost.config.pipelines import SFTConfig
+    from raypost.train.order import check_order, order_of
+
+    sft = SFTConfig().model_dump(mode="json")
+    recorded = order_of("sft", sft)
+    assert {"data.synthetic.num_train", "run.seed", "train.epochs", "optim.micro_batch_size"} <= recorded.keys()
+    assert not any("eval" in k for k in recorded) and "optim.lr" not in recorded
+    longer = build(SFTConfig, {"train": {"max_steps": 5}, "data": {"max_eval_samples": 7}, "optim": {"lr": 0.1}})
+    check_order(recorded, order_of("sft", longer.model_dump(mode="json")), 10)  # passes
+    other = build(SFTConfig, {"run": {"seed": 3}, "optim": {"micro_batch_size": 2}}).model_dump(mode="json")
+    with pytest.raises(ValueError, match=r"step 10.*optim.micro_batch_size: 4 in the checkpoint, 2 now; run.seed: 0"):
+        check_order(recorded, order_of("sft", other), 10)
+    check_order({}, order_of("sft", other), 10)  # a checkpoint from before the check
+    grpo = order_of("grpo", GRPOConfig().model_dump(mode="json"))
+    assert "algo.prompts_per_step" in grpo and "optim.micro_batch_size" not in grpo and "algo.steps" not in grpo
+
+
 def test_rollout_policy_follows_the_pin_else_queue_depth(ray_cluster):
     from raypost.serve.scaling import pin_replicas, pinned_replicas, rollout_policy
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ class ControllerState:
     step: int = 0
     cursor: int = 0
     weight_version: int = 0
+    order: dict[str, Any] = field(default_factory=dict)  # the settings the data order depends on (train.order)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

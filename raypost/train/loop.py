@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from raypost.train import checkpointing
 from raypost.train.batches import rank_slice
+from raypost.train.order import check_order, order_of
 from raypost.utils.metrics import MetricsLogger, Progress
 
 if TYPE_CHECKING:
@@ -101,6 +102,10 @@ class Worker:
 
 def run_learner(learner: Learner, worker: Worker, state: checkpointing.ControllerState) -> None:
     """The loop, from the restored ``state`` to ``learner.steps`` (or ``stop_at``)."""
+    current = order_of(learner.phase, worker.config)
+    if state.step:
+        check_order(state.order, current, state.step)
+    state.order = current
     if worker.rank == 0:
         checkpointing.rewind_on_start(worker.run_dir, state, learner.phase)
     logger = MetricsLogger(
