@@ -6,6 +6,7 @@ scaling policy with its operator pin. The GRPO fault drills (replica, worker, he
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from types import SimpleNamespace
@@ -130,6 +131,45 @@ def test_a_resume_with_another_data_order_is_refused_naming_the_fields():
     check_order({}, order_of("sft", other), 10)  # a checkpoint from before the check
     grpo = order_of("grpo", GRPOConfig().model_dump(mode="json"))
     assert "algo.prompts_per_step" in grpo and "optim.micro_batch_size" not in grpo and "algo.steps" not in grpo
+
+
+HOLD_RUN = """
+import sys, time
+from raypost.utils.runlock import hold_run
+hold_run(sys.argv[1])
+print("held", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_a_second_driver_of_a_run_waits_for_the_first_then_is_refused(tmp_path):
+    """Two drivers of one run folder would overwrite each other's checkpoints: the second waits
+    up to its deadline for the first to end, takes the folder if it does, and otherwise is refused
+    with the holder named."""
+    import subprocess
+    import sys
+
+    from raypost.utils.runlock import RunInUseError, hold_run
+
+    def holder(seconds: float) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", HOLD_RUN, str(tmp_path), str(seconds)], stdout=subprocess.PIPE, text=True
+        )
+        assert proc.stdout.readline().strip() == "held"
+        return proc
+
+    first = holder(600)
+    try:
+        with pytest.raises(RunInUseError, match=rf"in use by another raypost driver \(pid {first.pid} on .*--run.name"):
+            hold_run(tmp_path, wait_s=0.5)
+    finally:
+        first.kill()  # ours: started above
+        first.wait()
+    brief = holder(1.0)  # ends while the next driver waits
+    fd = hold_run(tmp_path, wait_s=30)
+    brief.wait()
+    assert f"pid {os.getpid()}" in (tmp_path / ".raypost.lock").read_text()
+    os.close(fd)
 
 
 def test_rollout_policy_follows_the_pin_else_queue_depth(ray_cluster):

@@ -152,6 +152,29 @@ def test_a_checkpoint_is_reported_only_after_its_records_are_in_the_bucket(s3, m
     assert seen["checkpoint"] == {f"{checkpointing.DS_TAG}/states.pt"}  # only rank 0 adds the state and mirrors
 
 
+def test_a_learner_restarted_on_another_node_keeps_the_buckets_records(s3, monkeypatch, tmp_path):
+    """Rank 0 restarted on a node whose working copy lacks the run's records: at its start it takes
+    the bucket's, so its next mirror extends them instead of putting its short copy over them."""
+    from raypost.train import checkpointing
+    from raypost.utils import storage
+
+    uri = f"s3://runs/records?{s3['query']}"
+    monkeypatch.setenv("RAYPOST_STORAGE_CACHE", str(tmp_path / "node-a"))
+    run_a = storage.working_copy(uri) / "r"
+    run_a.mkdir(parents=True)
+    for step in range(1, 5):
+        checkpointing.log_trained(run_a, step, [f"s{step}"])
+    storage.push(run_a)  # mirrored with the checkpoint at step 4
+    monkeypatch.setenv("RAYPOST_STORAGE_CACHE", str(tmp_path / "node-b"))
+    run_b = storage.working_copy(uri) / "r"
+    checkpointing.rewind_on_start(run_b, checkpointing.ControllerState(step=4, cursor=4), "sft")
+    checkpointing.log_trained(run_b, 5, ["s5"])
+    storage.push(run_b)
+    with s3["fs"].open_input_stream(f"runs/records/r/{checkpointing.SAMPLES_FILE}") as f:
+        steps = [json.loads(x)["step"] for x in f.read().decode().splitlines()]
+    assert steps == [1, 2, 3, 4, 5]
+
+
 def snapshot_steps(s3fs, prefix: str) -> list[int]:
     """Steps of the checkpoints Ray Train has recorded in the bucket (what a re-run resumes from)."""
     try:

@@ -272,6 +272,13 @@ class RunConfig(StrictModel):
     ray_address: str | None = Field(
         None, description="Ray address; None joins the job's cluster or starts a local one."
     )
+    lock_wait_s: float = Field(
+        120.0,
+        ge=0.0,
+        le=86_400.0,
+        description="How long a driver waits for another driver of the same run folder to end (a driver "
+        "orphaned by a head failure exits within about a minute) before it is refused.",
+    )
 
     @field_validator("storage_path")
     @classmethod

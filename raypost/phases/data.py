@@ -39,11 +39,13 @@ def start_run(cfg: Any, verbose: bool = True) -> Path:
     from raypost.utils import storage
     from raypost.utils.cluster import init_ray
     from raypost.utils.logs import setup_logging
+    from raypost.utils.runlock import hold_run
 
     setup_logging()
     init_ray(cfg.run.ray_address)
     run_dir = make_run_dir(cfg.run)
     run_dir.mkdir(parents=True, exist_ok=True)
+    hold_run(run_dir, cfg.run.lock_wait_s)  # one driver per run folder, for this process's life
     if not verbose:
         from raypost.utils.logs import quiet
 

@@ -112,8 +112,10 @@ def rewind_logs(run_dir: str | Path, step: int, phase: str) -> int:
 
 
 def rewind_on_start(run_dir: str | Path, state: ControllerState, phase: str) -> None:
-    """Rank 0 at every learner start: rewind the logs to the restored step, step 0 included (a
-    worker group restarted before any checkpoint registered starts over), and say so."""
+    """Rank 0 at every learner start: take the records as the run's URI holds them (this node's
+    copy may be short), rewind them to the restored step, step 0 included (a worker group
+    restarted before any checkpoint registered starts over), and say so."""
+    storage.fetch_records(run_dir, (SAMPLES_FILE, "metrics.jsonl"))
     dropped = rewind_logs(run_dir, state.step, phase)
     if state.step or dropped:
         log.info(

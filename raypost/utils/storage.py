@@ -94,7 +94,7 @@ def pull(local: str | Path, exports: bool = True) -> int:
     remote = remote_of(local)
     if remote is None:
         return 0
-    return _copy_newer(*remote, _local_fs(), str(local), keep=lambda rel: not _in_checkpoint(rel, exports))
+    return _copy_newer(*remote, _local_fs(), str(local), keep=lambda rel: _mirrored(rel, exports))
 
 
 def push(local: str | Path) -> int:
@@ -103,7 +103,30 @@ def push(local: str | Path) -> int:
     remote = remote_of(local)
     if remote is None or not Path(local).exists():
         return 0
-    return _copy_newer(_local_fs(), str(local), *remote, keep=lambda rel: not _in_checkpoint(rel, False))
+    return _copy_newer(_local_fs(), str(local), *remote, keep=lambda rel: _mirrored(rel, False))
+
+
+def fetch_records(local: str | Path, names: tuple[str, ...]) -> int:
+    """The records ``names`` (append-only JSONL) of the run as its URI holds them, over the working
+    copy's: at a learner's start, rank 0 may run on a node whose copy is short or missing, and
+    its next mirror would otherwise put that short copy over the bucket's. The bucket holds every
+    record up to the last reported checkpoint (``save_and_report`` mirrors first), which is all a
+    resumed learner keeps (it rewinds past it). Returns files fetched; 0 for a local run."""
+    from pyarrow import fs
+
+    remote = remote_of(local)
+    if remote is None:
+        return 0
+    src_fs, root = remote
+    fetched = 0
+    for name in names:
+        src = f"{root.rstrip('/')}/{name}"
+        if src_fs.get_file_info(src).type != fs.FileType.File:
+            continue
+        Path(local).mkdir(parents=True, exist_ok=True)
+        fs.copy_files(src, str(Path(local) / name), source_filesystem=src_fs, destination_filesystem=_local_fs())
+        fetched += 1
+    return fetched
 
 
 def local_checkpoint(checkpoint: Any, local_run: str | Path) -> Any:
@@ -124,6 +147,12 @@ def _local_fs() -> Any:
     from pyarrow import fs
 
     return fs.LocalFileSystem()
+
+
+def _mirrored(rel: str, exports_too: bool) -> bool:
+    """Whether ``rel`` goes between a working copy and its URI: not checkpoints (Ray Train's),
+    not a machine's own lock of the run folder."""
+    return not _in_checkpoint(rel, exports_too) and rel != ".raypost.lock"
 
 
 def _in_checkpoint(rel: str, exports_too: bool) -> bool:
