@@ -62,12 +62,15 @@ class _Remote:
 
 class FakeRollout:
     """The rollout app's handle. Completion i of a prompt is [prompt[0], i]; ``fail`` maps a
-    row to the errors its first requests raise; ``hang`` rows never answer."""
+    row to the errors its first requests raise; ``hang`` rows never answer, ``hang_once`` rows
+    not the first time."""
 
-    def __init__(self, fail: dict[int, list[Exception]] | None = None, hang: set[int] = frozenset()) -> None:
+    def __init__(
+        self, fail: dict[int, list[Exception]] | None = None, hang: set[int] = frozenset(), hang_once: set[int] = ()
+    ) -> None:
         self.calls: list[int] = []
         self.version = 0
-        self.fail, self.hang = fail or {}, hang
+        self.fail, self.hang, self.hang_once = fail or {}, hang, set(hang_once)
         self.generate, self.weight_version = _Remote(self._generate), _Remote(self._version)
 
     async def _generate(self, prompts: list[list[int]], n: int, sampling: dict) -> list[dict]:
@@ -75,7 +78,8 @@ class FakeRollout:
         self.calls.append(row)
         if self.fail.get(row):
             raise self.fail[row].pop(0)
-        if row in self.hang:
+        if row in self.hang or row in self.hang_once:
+            self.hang_once.discard(row)
             await asyncio.sleep(3600)
         return [
             {
@@ -126,13 +130,18 @@ def producer(
     reward: FakeReward | None = None,
     source: Iterator[dict] | None = None,
     version: int = 0,
+    timeout_s: float | None = None,
+    stall_s: float | None = None,
     **algo: Any,
 ) -> RolloutProducer:
     cfg = AlgoConfig(group_size=2, prompts_per_step=batch, **algo)
     ctl = RolloutController(StalenessAdmission(eta, batch), G.dynamic_sampling(cfg), version=version)
-    client = RolloutClient(handle=handle or FakeRollout(), max_attempts=3, backoff_s=0.001)
+    client = RolloutClient(handle=handle or FakeRollout(), max_attempts=3, backoff_s=0.001, timeout_s=timeout_s)
     it = source or rows()
-    return RolloutProducer(ctl, client, reward or FakeReward(), lambda: next(it), cfg).start()
+    reward = reward or FakeReward()
+    return RolloutProducer(
+        ctl, client, reward, lambda: next(it), cfg, reward_timeout_s=timeout_s, stall_s=stall_s
+    ).start()
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 2.0) -> None:
@@ -190,6 +199,31 @@ def test_producer_retries_replica_errors_of_rollout_and_reward():
         assert ids(p.take()[0]) == [0, 1]
         assert p.client.retries == 2 and handle.calls.count(1) == 3
         assert reward.calls == 3 and p.stats()["groups_failed"] == 0  # 2 groups, one reward call retried
+    finally:
+        p.stop()
+
+
+@pytest.mark.timeout(10)
+def test_a_hung_request_times_out_and_is_retried_on_another_replica():
+    handle = FakeRollout(hang_once={1})
+    p = producer(handle=handle, timeout_s=0.3)
+    try:
+        assert ids(p.take()[0]) == [0, 1]  # row 1's first request hung: retried after 0.3 s
+        assert p.client.retries == 1 and handle.calls.count(1) == 2
+    finally:
+        p.stop()
+
+
+@pytest.mark.timeout(10)
+def test_the_learner_fails_naming_the_stall_when_no_batch_comes():
+    p = producer(handle=FakeRollout(hang={0, 1, 2, 3}), stall_s=0.5)  # no request deadline: only the watchdog
+    try:
+        t0 = time.time()
+        with pytest.raises(
+            TimeoutError, match=r"no rollout batch for \d+ s \(rollout.stall_timeout_s\): 2 groups in flight"
+        ):
+            p.take()
+        assert time.time() - t0 < 3
     finally:
         p.stop()
 

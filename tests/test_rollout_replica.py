@@ -5,6 +5,7 @@ resets the prefix cache, and every request reports the version that generated it
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ class FakeEngine:
         self.loaded: list[tuple[int, int]] = []  # (version, requests in flight at the load)
         self.resets = 0
         self.weights = 0
+        self.errored = False
 
     async def collective_rpc(self, method: str, args: tuple) -> list[bool]:
         assert method == "raypost_load"
@@ -56,11 +58,12 @@ class FakeChannel:
         return self.published, {"transport": "fake", "version": self.published}
 
 
-def replica(channel: FakeChannel | None, gen_s: float = 0.05) -> Any:
+def replica(channel: FakeChannel | None, gen_s: float = 0.05, drain_s: float = 30.0) -> Any:
     """A RolloutServer built around the fakes, without its constructor (which starts vLLM)."""
     server = RolloutServer.func_or_class.__new__(RolloutServer.func_or_class)
     server.engine = FakeEngine(server, gen_s)
     server.channel, server.version, server._inflight, server._lock = channel, 0, 0, asyncio.Lock()
+    server.cfg, server._broken = SimpleNamespace(drain_timeout_s=drain_s), None
 
     async def sample(prompt_ids: list[int], n: int, s: Sampling) -> list[dict[str, Any]]:
         return await server.engine.sample(prompt_ids, n)
@@ -96,6 +99,27 @@ def test_a_new_version_waits_for_the_requests_in_flight_and_loads_once():
         # A learner resumed from an earlier checkpoint republishes version 1: the replica goes back.
         chan.published = 1
         assert await server.weight_version() == 1 and server.engine.loaded[-1] == (1, 0)
+
+    asyncio.run(run())
+
+
+@pytest.mark.timeout(30)
+def test_a_request_that_never_ends_fails_the_replica_instead_of_blocking_reloads():
+    """A hung request would hold every later reload: past rollout.drain_timeout_s the reload
+    fails and so does the health check, so Serve replaces the replica."""
+
+    async def run() -> None:
+        chan = FakeChannel()
+        server = replica(chan, gen_s=3600, drain_s=0.2)
+        hung = asyncio.create_task(server.generate([[1]], 1))
+        await asyncio.sleep(0.05)
+        chan.published = 1
+        with pytest.raises(RuntimeError, match="1 requests still in flight after rollout.drain_timeout_s"):
+            await server.generate([[2]], 1)
+        with pytest.raises(RuntimeError, match="this replica is stuck"):
+            await server.check_health()
+        assert server.engine.loaded == []  # never reloaded under the hung request
+        hung.cancel()
 
     asyncio.run(run())
 

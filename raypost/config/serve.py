@@ -58,6 +58,12 @@ class RewardServiceConfig(StrictModel):
     auth_token: str | None = Field(
         None, min_length=8, description="Bearer token required on HTTP (also RAYPOST_REWARD_TOKEN)."
     )
+    request_timeout_s: float = Field(
+        120.0,
+        gt=0.0,
+        le=86_400.0,
+        description="Seconds one score request may take before it counts as failed and is retried on another replica.",
+    )
     max_items: int = Field(256, ge=1, le=100_000, description="Most (prompt, completion) items per request.")
     max_text_chars: int = Field(32_000, ge=1, le=10_000_000, description="Longest prompt or completion accepted.")
     max_body_bytes: int = Field(8_000_000, ge=1024, le=1_000_000_000, description="Largest request body.")
@@ -166,6 +172,28 @@ class RolloutConfig(StrictModel):
         ),
     )
     max_attempts: int = Field(4, ge=1, le=100, description="Client tries per request across replica failures.")
+    request_timeout_s: float = Field(
+        900.0,
+        gt=0.0,
+        le=86_400.0,
+        description="Seconds one generate or score request may take before it counts as failed and is retried "
+        "on another replica (a hung replica). Sized for long GPU completions; a request answers in seconds on the "
+        "embedded default.",
+    )
+    drain_timeout_s: float = Field(
+        300.0,
+        gt=0.0,
+        le=86_400.0,
+        description="Seconds a replica waits for its in-flight requests before a weight reload; past it the "
+        "replica fails its health check (Serve replaces it) instead of mixing versions or waiting for ever.",
+    )
+    stall_timeout_s: float = Field(
+        1800.0,
+        gt=0.0,
+        le=604_800.0,
+        description="Seconds the learner waits for its next batch before the run fails naming the rollout app "
+        "(a watchdog over every cause: hung replicas, a lost reward app, a stuck producer).",
+    )
     seed: int = Field(0, ge=0, description="Engine seed.")
 
     _ray_resources = field_validator("ray_resources")(check_ray_resources)

@@ -157,7 +157,14 @@ def evaluate(cfg: GRPOConfig, data: PreparedData, version: int | None = None) ->
     from raypost.eval import rollout_accuracy
     from raypost.serve.rollout_client import RolloutClient
 
-    client = RolloutClient(app_names(cfg)["rollout"], weight_channel(cfg), cfg.rollout.max_attempts, chunk=16)
+    rollout = cfg.rollout
+    client = RolloutClient(
+        app_names(cfg)["rollout"],
+        weight_channel(cfg),
+        rollout.max_attempts,
+        chunk=16,
+        timeout_s=rollout.request_timeout_s,
+    )
     if version is not None:
         asyncio.run(client.await_version(version))
     return rollout_accuracy(

@@ -30,10 +30,21 @@ log = logging.getLogger("raypost.producer")
 
 
 class RolloutProducer:
+    """``reward_timeout_s`` bounds each score request (then retried); ``stall_s`` bounds how long
+    ``take`` waits for a batch before the run fails naming what is stuck (None: unbounded)."""
+
     def __init__(
-        self, controller: RolloutController, client: Any, reward: Any, next_row: Callable[[], dict], algo: AlgoConfig
+        self,
+        controller: RolloutController,
+        client: Any,
+        reward: Any,
+        next_row: Callable[[], dict],
+        algo: AlgoConfig,
+        reward_timeout_s: float | None = None,
+        stall_s: float | None = None,
     ) -> None:
         self.ctl, self.client, self.reward, self.next_row, self.algo = controller, client, reward, next_row, algo
+        self.reward_timeout_s, self.stall_s = reward_timeout_s, stall_s
         self.cond = threading.Condition()
         self.error: BaseException | None = None
         self.exhausted = self.stopping = False
@@ -53,6 +64,8 @@ class RolloutProducer:
         t0 = time.perf_counter()
         with self.cond:
             while not self.ctl.ready():
+                if self.stall_s is not None and time.perf_counter() - t0 > self.stall_s:
+                    raise TimeoutError(self._stalled(time.perf_counter() - t0))
                 if self.error is not None:
                     raise RuntimeError(f"rollout producer failed: {self.error!r}") from self.error
                 if self.exhausted and not self.ctl.running:
@@ -63,6 +76,14 @@ class RolloutProducer:
             groups = self.ctl.take()
         self._notify()
         return groups, time.perf_counter() - t0
+
+    def _stalled(self, waited: float) -> str:
+        app = getattr(self.client, "app_name", "the rollout app")
+        return (
+            f"no rollout batch for {waited:.0f} s (rollout.stall_timeout_s): {len(self.ctl.running)} groups in "
+            f"flight on {app}, {sum(g is not None for g in self.ctl.done.values())} done. A replica or the reward "
+            "app is stuck or gone: see `serve status` and the run's logs.txt"
+        )
 
     def advance(self, version: int) -> None:
         with self.cond:
@@ -150,7 +171,11 @@ class RolloutProducer:
             check_served(group.version, pushed, self.client.channel.describe() if self.client.channel else "no channel")
             args = G.reward_args([group])
             scores = await with_retries(
-                lambda: self.reward.score.remote(*args), "reward", self.client.max_attempts, self.client.backoff_s
+                lambda: self.reward.score.remote(*args),
+                "reward",
+                self.client.max_attempts,
+                self.client.backoff_s,
+                timeout_s=self.reward_timeout_s,
             )
             G.apply_scores([group], scores, self.algo)
             group.timing = {"gen_start": t0, "gen_end": t1, "reward_s": time.perf_counter() - t1}

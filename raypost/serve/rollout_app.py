@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import uuid
 from typing import Any
 
@@ -133,6 +134,7 @@ class RolloutServer:
         )
         self.engine = AsyncLLM.from_engine_args(args)
         self.channel = channel  # None: serves the model as loaded, no pushes
+        self._broken: str | None = None  # why this replica failed its health check
         self.model_path = model_path
         self.version = 0
         self._inflight = 0
@@ -144,14 +146,24 @@ class RolloutServer:
         async with self._lock:  # any change, also back to an older version after a resume
             if not await self.channel.newer_than(self.version):
                 return
-            while self._inflight:  # drained first: a collective transfer starts with the fetch
-                await asyncio.sleep(0.005)
+            await self._drain()
             version, source = await self.channel.fetch(self.version)
             if source is None:
                 return
             await self.engine.collective_rpc("raypost_load", args=(source,))
             await self.engine.reset_prefix_cache()
             self.version = version
+
+    async def _drain(self) -> None:
+        """Wait for the in-flight requests before a reload (a collective transfer starts with the
+        fetch), for at most ``drain_timeout_s``: past it a request is hung, and the replica fails
+        its health check so Serve replaces it, rather than reloading under it or waiting for ever."""
+        deadline = time.monotonic() + self.cfg.drain_timeout_s
+        while self._inflight:
+            if time.monotonic() > deadline:
+                self._broken = f"{self._inflight} requests still in flight after rollout.drain_timeout_s"
+                raise RuntimeError(f"this replica cannot reload its weights: {self._broken}")
+            await asyncio.sleep(0.005)
 
     async def _sample(self, prompt_ids: list[int], n: int, s: Sampling) -> list[dict[str, Any]]:
         from vllm import SamplingParams
@@ -264,6 +276,8 @@ class RolloutServer:
         """Serve's health probe: a dead engine fails it, so Serve replaces this replica."""
         if self.engine.errored:
             raise RuntimeError("the vLLM engine of this replica is dead")
+        if self._broken:
+            raise RuntimeError(f"this replica is stuck: {self._broken}")
 
     @api.get("/health")
     async def health(self) -> dict[str, Any]:

@@ -27,6 +27,7 @@ RETRYABLE = (
     "WorkerCrashedError",
     "OwnerDiedError",
     "EngineDeadError",
+    "TimeoutError",  # a request past its deadline: its replica may be hung; another may answer
 )  # a dead vLLM engine fails its replica's health check; Serve replaces it
 
 
@@ -40,12 +41,14 @@ async def with_retries(
     max_attempts: int,
     backoff_s: float,
     on_retry: Callable[[], None] | None = None,
+    timeout_s: float | None = None,
 ) -> T:
-    """``await call()``; a replica error (``RETRYABLE``) is retried up to ``max_attempts`` tries in
-    all, after ``backoff_s`` doubling per attempt (capped at 10x). Other errors raise at once."""
+    """``await call()``, each try bounded by ``timeout_s`` (None: unbounded); a replica error
+    (``RETRYABLE``, a timeout included) is retried up to ``max_attempts`` tries in all, after
+    ``backoff_s`` doubling per attempt (capped at 10x). Other errors raise at once."""
     for attempt in range(1, max_attempts + 1):
         try:
-            return await call()
+            return await asyncio.wait_for(call(), timeout_s)
         except Exception as err:  # noqa: BLE001 - classified below
             if not _retryable(err) or attempt == max_attempts:
                 raise
@@ -67,7 +70,7 @@ class RolloutClient:
     ``generate.remote`` and ``weight_version.remote``); ``chunk`` prompts per request; weights are
     pushed through ``channel``, the one the app was deployed with (None: no pushes). A
     request that fails with a replica error is retried up to ``max_attempts`` times, after
-    ``backoff_s`` doubling per attempt (capped at 10x)."""
+    ``backoff_s`` doubling per attempt (capped at 10x); each try is bounded by ``timeout_s``."""
 
     def __init__(
         self,
@@ -77,14 +80,15 @@ class RolloutClient:
         chunk: int = 1,
         handle: Any = None,
         backoff_s: float = 0.2,
+        timeout_s: float | None = None,
     ) -> None:
         if handle is None:
             from ray import serve
 
             handle = serve.get_app_handle(app_name)
-        self.handle = handle
+        self.handle, self.app_name = handle, app_name
         self.channel = channel
-        self.max_attempts, self.chunk, self.backoff_s = max_attempts, chunk, backoff_s
+        self.max_attempts, self.chunk, self.backoff_s, self.timeout_s = max_attempts, chunk, backoff_s, timeout_s
         self.retries = 0
 
     async def _one(self, prompts: list[list[int]], n: int, sampling: dict) -> list[dict]:
@@ -94,6 +98,7 @@ class RolloutClient:
             self.max_attempts,
             self.backoff_s,
             self._count_retry,
+            self.timeout_s,
         )
 
     def _count_retry(self) -> None:

@@ -86,8 +86,19 @@ def _producer(cfg: GRPOConfig, state: checkpointing.ControllerState, lc: LoopCon
         G.dynamic_sampling(cfg.algo),
         version=state.weight_version,
     )
-    client = RolloutClient(lc.apps["rollout"], lc.channel, cfg.rollout.max_attempts, chunk=1)
-    return RolloutProducer(controller, client, serve.get_app_handle(lc.apps["reward"]), lambda: next(rows), cfg.algo)
+    client = RolloutClient(
+        lc.apps["rollout"], lc.channel, cfg.rollout.max_attempts, chunk=1, timeout_s=cfg.rollout.request_timeout_s
+    )
+    reward = serve.get_app_handle(lc.apps["reward"])
+    return RolloutProducer(
+        controller,
+        client,
+        reward,
+        lambda: next(rows),
+        cfg.algo,
+        reward_timeout_s=cfg.reward.request_timeout_s,
+        stall_s=cfg.rollout.stall_timeout_s,
+    )
 
 
 def _throughput(started: float) -> Callable[[list[Sequence], dict[str, float], float], dict[str, float]]:
