@@ -248,6 +248,31 @@ def test_failed_groups_are_dropped_and_replaced_within_their_budget_then_end_the
 
 
 @pytest.mark.timeout(10)
+def test_the_failure_budget_refills_as_failures_leave_its_window():
+    # One failure allowed per 4 admitted groups: rows 0 and 7 fail 7 tickets apart, and the run
+    # goes on; rows 8 and 9 fail within the window and end it.
+    def batches(p: RolloutProducer, handle: FakeRollout, n: int) -> list[list[int]]:
+        got = []
+        for version in range(1, n + 1):
+            got.append(ids(p.take()[0]))
+            handle.version = version
+            p.advance(version)
+        return got
+
+    handle = FakeRollout(fail={r: [KeyError("bad")] for r in (0, 7)})
+    p = producer(handle=handle, max_failed_groups=1, failure_window=4)
+    try:
+        assert batches(p, handle, 4) == [[1, 2], [3, 4], [5, 6], [8, 9]] and p.stats()["groups_failed"] == 2
+    finally:
+        p.stop()
+    handle = FakeRollout(fail={r: [KeyError("bad")] for r in (2, 3)})
+    p = producer(handle=handle, max_failed_groups=1, failure_window=4)
+    with pytest.raises(RuntimeError, match="rollout producer failed: KeyError"):
+        batches(p, handle, 3)
+    p.stop()
+
+
+@pytest.mark.timeout(10)
 def test_dynamic_sampling_refills_groups_without_signal_within_its_budget():
     p = producer(reward=FakeReward(flat={0, 2}), dynamic_sampling=True)
     try:

@@ -61,8 +61,15 @@ class AlgoConfig(StrictModel):
         ge=0,
         le=1_000_000,
         description="Groups whose generation or scoring still fails after the clients' retries "
-        "are dropped and replaced, up to this many per run (reported as "
-        "groups_failed); one more ends the run.",
+        "are dropped and replaced, up to this many among any algo.failure_window admitted groups (reported "
+        "as groups_failed); one more ends the run.",
+    )
+    failure_window: int = Field(
+        1000,
+        ge=1,
+        le=100_000_000,
+        description="The window of algo.max_failed_groups, in admitted groups: scattered transient failures "
+        "over a multi-day run leave it and refill the budget; a persistent fault still spends it.",
     )
     overlong: Literal["none", "filter", "penalty"] = Field(
         "none", description="DAPO: truncated samples are masked out (filter) or penalized (penalty)."

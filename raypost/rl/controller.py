@@ -62,6 +62,7 @@ class RolloutController:
         self.dropped_filtered = 0  # by the keep policy, over the run
         self.dropped_stale = 0
         self.failed = 0  # groups whose generation or scoring failed, over the run
+        self.failed_tickets: list[int] = []  # their tickets, for the budget's window
 
     def capacity(self) -> int:
         return self.admission.capacity(self.version, self.accepted, len(self.running))
@@ -97,7 +98,13 @@ class RolloutController:
         refills it with the next prompt."""
         del self.running[ticket]
         self.failed += 1
+        self.failed_tickets.append(ticket)
         self.done[ticket] = None
+
+    def failed_within(self, window: int) -> int:
+        """Failed groups among the last ``window`` admitted: a failure budget that refills."""
+        self.failed_tickets = [t for t in self.failed_tickets if t >= self.next_ticket - window]
+        return len(self.failed_tickets)
 
     def _too_stale(self, group: Versioned) -> bool:
         return self.version - group.version > self.admission.eta

@@ -188,16 +188,17 @@ class RolloutProducer:
         except BaseException as err:  # noqa: BLE001 - dropped within the budget, else surfaced to the learner by take()
             with self.cond:
                 fatal = not isinstance(err, Exception) or isinstance(err, WeightsNotReachedError)
-                if fatal or self.ctl.failed >= self.algo.max_failed_groups:
+                if fatal or self.ctl.failed_within(self.algo.failure_window) >= self.algo.max_failed_groups:
                     log.error("rollout group %d failed: %r", ticket, err)
                     self.error = err
                 else:
                     self.ctl.fail(ticket)
                     log.warning(
-                        "rollout group %d failed and is dropped (%d of algo.max_failed_groups=%d): %r",
+                        "rollout group %d failed and is dropped (%d of algo.max_failed_groups=%d in the last %d): %r",
                         ticket,
-                        self.ctl.failed,
+                        self.ctl.failed_within(self.algo.failure_window),
                         self.algo.max_failed_groups,
+                        self.algo.failure_window,
                         err,
                     )
                 self.cond.notify_all()
