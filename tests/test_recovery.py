@@ -133,6 +133,27 @@ def test_a_resume_with_another_data_order_is_refused_naming_the_fields():
     assert "algo.prompts_per_step" in grpo and "optim.micro_batch_size" not in grpo and "algo.steps" not in grpo
 
 
+def test_a_restored_rank_draws_what_the_uninterrupted_one_would_have(tmp_path):
+    """Each rank's torch, Python and NumPy random state goes into its checkpoint and comes back."""
+    import random
+
+    import numpy as np
+    import torch
+
+    from raypost.train.rng import load_rng, save_rng
+
+    def draws() -> tuple:
+        return torch.rand(3).tolist(), random.random(), np.random.rand(2).tolist(), np.random.randn()
+
+    torch.manual_seed(1), random.seed(2), np.random.seed(3)
+    np.random.randn()  # a cached Gaussian in NumPy's state
+    save_rng(tmp_path, rank=1)
+    want = draws()
+    draws()  # the state moves on, as a failed attempt's steps would move it
+    assert load_rng(tmp_path, rank=1) and draws() == want
+    assert not load_rng(tmp_path, rank=0)  # no state for a rank that saved none
+
+
 HOLD_RUN = """
 import sys, time
 from raypost.utils.runlock import hold_run

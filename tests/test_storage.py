@@ -146,10 +146,12 @@ def test_a_checkpoint_is_reported_only_after_its_records_are_in_the_bucket(s3, m
         f"{checkpointing.DS_TAG}/states.pt",
         checkpointing.STATE_FILE,
         checkpointing.METRICS_FILE,
+        "rng/rank_0.pt",
     }
     seen.clear()
     checkpointing.save_and_report(_SavingEngine(), state, {"step": 4}, rank=1, run_dir=run)
-    assert seen["checkpoint"] == {f"{checkpointing.DS_TAG}/states.pt"}  # only rank 0 adds the state and mirrors
+    # only rank 0 adds the state and mirrors; every rank adds its random state
+    assert seen["checkpoint"] == {f"{checkpointing.DS_TAG}/states.pt", "rng/rank_1.pt"}
 
 
 def test_a_learner_restarted_on_another_node_keeps_the_buckets_records(s3, monkeypatch, tmp_path):

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import ray.train
+import torch.distributed as dist
 
+from raypost.train.rng import load_rng, save_rng
 from raypost.utils import storage
 from raypost.utils.metrics import read_records
 
@@ -62,6 +64,7 @@ def save_and_report(
         storage.push(run_dir)
     with tempfile.TemporaryDirectory(prefix="raypost-ckpt-") as tmp:
         engine.save_checkpoint(tmp, tag=DS_TAG, client_state={"controller": state.to_dict()})
+        save_rng(tmp, rank)
         if hf_export is not None:
             hf_export(Path(tmp) / HF_DIR)
         if rank == 0:
@@ -80,6 +83,7 @@ def restore(engine: Any, start_from: str | None = None) -> ControllerState:
         return ControllerState()
     with ckpt.as_directory() as d:
         _, client = engine.load_checkpoint(d, tag=DS_TAG, load_optimizer_states=True, load_lr_scheduler_states=True)
+        load_rng(d, dist.get_rank() if dist.is_initialized() else 0)
         if client and "controller" in client:
             return ControllerState.from_dict(client["controller"])
         return ControllerState.from_dict(json.loads((Path(d) / STATE_FILE).read_text()))
