@@ -63,6 +63,22 @@ def test_shm_versions_are_recorded_in_ray_and_removed_at_close(ray_cluster):
     assert not wdir.exists()
 
 
+def test_shm_files_are_removed_on_the_node_that_holds_them(ray_cluster, monkeypatch):
+    """The run ends on the driver's node, but the version files are on learner rank 0's: close()
+    removes them there (here the caller pretends to be on another node, so only the task that
+    runs on the recorded node can remove them)."""
+    from raypost.weights import shm
+
+    key = f"raypost-test-{uuid.uuid4().hex[:8]}"
+    learner = channel("shm", key)
+    learner.publish(1, {"w": torch.ones(4)})
+    assert (Path("/dev/shm") / key / "v1.safetensors").is_file()
+    monkeypatch.setattr(shm, "this_node", lambda: "a-node-without-the-files")
+    monkeypatch.setattr(shm.shutil, "rmtree", lambda *a, **k: None)  # this process removes nothing
+    learner.close()
+    assert not (Path("/dev/shm") / key).exists()
+
+
 def test_buckets_hold_whole_tensors_up_to_the_bucket_size():
     from raypost.weights.collective import buckets_of
 

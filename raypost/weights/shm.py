@@ -10,6 +10,7 @@ when no reader holds it.
 from __future__ import annotations
 
 import fcntl
+import logging
 import mmap
 import os
 import shutil
@@ -49,7 +50,7 @@ class ShmChannel(WeightChannel):
 
         self._files = self._files or VersionFiles(self.dir)
         path = self._files.write(version, specs, buckets)
-        ray.get(self._created_board().put.remote(version, [str(path)]))
+        ray.get(self._created_board().put.remote(version, [str(path), this_node()]))
 
     def stop_serving(self) -> None:
         if self._files is not None:
@@ -79,8 +80,51 @@ class ShmChannel(WeightChannel):
                 yield name, f.get_tensor(name)
 
     def close(self) -> None:
+        """Remove the board and the version files, on the node that holds them (learner rank 0's,
+        recorded with each publish), not the caller's."""
+        node = self._files_node()
         super().close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if node is None or node == this_node():
+            shutil.rmtree(self.dir, ignore_errors=True)
+        else:
+            remove_on(node, self.dir)
+
+    def _files_node(self) -> str | None:
+        """The node of the last published version's file, from the board (None: nothing published)."""
+        import ray
+
+        from raypost.weights.channel import NAMESPACE
+
+        try:
+            board = ray.get_actor(self.board_name, namespace=NAMESPACE)
+            _, boxed = ray.get(board.latest.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 - no board (nothing published, or gone): the local folder only
+            return None
+        return boxed[1] if boxed and len(boxed) > 1 else None
+
+
+def _remove(folder: str) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def this_node() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
+def remove_on(node: str, folder: Path, timeout_s: float = 60.0) -> None:
+    """``rm -r folder`` on Ray node ``node``; a node that is gone took its shared memory with it."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    task = ray.remote(num_cpus=0, max_retries=0)(_remove).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+    )
+    try:
+        ray.get(task.remote(str(folder)), timeout=timeout_s)
+    except Exception as err:  # noqa: BLE001 - cleanup must not fail the run that is ending
+        logging.getLogger("raypost").warning("could not remove %s on node %s: %s", folder, node[:12], err)
 
 
 def check_weight_path(rollout: Any, learner_worker: Mapping[str, float], replica: Mapping[str, float]) -> None:
