@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         print(json.dumps(results[-1]), flush=True)
     grpo = [r for r in results if "fault" in r]
     if grpo:
-        cols = ["fault", "injected", "survived", "steps_lost", "samples_duplicated", "samples_lost", "recover_s"]
+        cols = ["fault", "injected", "survived", "steps_lost", "samples_duplicated", "prompts_lost", "recover_s"]
         print(table("GRPO under faults (grpo_smoke)", cols, [[r.get(c) for c in cols] for r in grpo]))
     OUT.mkdir(exist_ok=True)
     (OUT / "chaos.json").write_text(json.dumps(results, indent=1))

@@ -31,7 +31,7 @@ GRPO_ARGS = [
     "--rollout.max_attempts",
     "8",
 ]
-PER_STEP = 16  # grpo_smoke: 4 prompts x 4 completions per step
+PROMPTS_PER_STEP, PER_STEP = 4, 16  # grpo_smoke: 4 prompts x 4 completions per step
 
 
 def eta_args(eta: int) -> list[str]:
@@ -106,16 +106,23 @@ class GRPOJob:
         raise TimeoutError(f"{self.name}: job {job_id} not done within {timeout:.0f} s")
 
     def audit(self, t_fault: float, step_at_fault: int, logs: str) -> dict[str, Any]:
-        """steps lost, samples duplicated / lost, seconds from the fault to the next trained step."""
+        """Steps lost, samples duplicated, prompts lost (the first steps x prompts_per_step of the
+        order the run recorded when it started, minus the prompts it trained: a resume that skipped
+        prompts shows here), seconds from the fault to the next trained step."""
         trained = [json.loads(x) for x in (self.run / "trained_samples.jsonl").read_text().splitlines()]
         ids = [i for r in trained for i in r["ids"]]
+        order = json.loads((self.run / "prompt_order.json").read_text())
+        expected = set(order[: self.steps * PROMPTS_PER_STEP])
+        prompts = {i.split("#")[0] for i in ids}
         resumed = [int(m) for m in re.findall(r"resumed at step (\d+)", logs)]
         after = [r["time"] for r in self.steps_done() if r["time"] > t_fault]
         return {
             "steps_ok": [r["step"] for r in trained] == list(range(1, self.steps + 1)),
             "steps_lost": step_at_fault - resumed[-1] if resumed else 0,
             "samples_duplicated": len(ids) - len(set(ids)),
-            "samples_lost": self.steps * PER_STEP - len(set(ids)),
+            "prompts_lost": len(expected - prompts),
+            "prompts_unexpected": len(prompts - expected),
+            "samples_per_step_ok": all(len(r["ids"]) == PER_STEP for r in trained),
             "recover_s": round(after[0] - t_fault, 1) if after else None,
             "rollout_retries": logs.count("rollout request failed"),
         }

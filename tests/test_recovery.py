@@ -154,6 +154,19 @@ def test_a_restored_rank_draws_what_the_uninterrupted_one_would_have(tmp_path):
     assert not load_rng(tmp_path, rank=0)  # no state for a rank that saved none
 
 
+def test_a_resumed_grpo_run_must_reproduce_its_prompt_order(tmp_path):
+    """The prompt order is recorded when the run starts; a resumed run that would draw another
+    (changed data or seed) stops before training, naming where the orders part."""
+    from raypost.phases.grpo import PROMPT_ORDER_FILE, record_prompt_order
+
+    record_prompt_order(tmp_path, ["a", "b", "c"])
+    record_prompt_order(tmp_path, ["a", "b", "c", "d"])  # a longer run extends it
+    assert json.loads((tmp_path / PROMPT_ORDER_FILE).read_text()) == ["a", "b", "c", "d"]
+    record_prompt_order(tmp_path, ["a", "b"])  # a shorter one keeps it
+    with pytest.raises(ValueError, match=r"position 1: 'b' then, 'x' now"):
+        record_prompt_order(tmp_path, ["a", "x", "c"])
+
+
 HOLD_RUN = """
 import sys, time
 from raypost.utils.runlock import hold_run

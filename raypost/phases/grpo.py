@@ -128,6 +128,7 @@ def train(cfg: GRPOConfig, model_path: str, data: PreparedData, run_dir: Path) -
     # + the groups the producer may have admitted ahead of the last step (eta + 1 batches)
     need = (cfg.algo.steps * (1 + refill) + cfg.async_rl.eta + 1) * cfg.algo.prompts_per_step
     prompts = preprocess.prompt_order(data.train, need, cfg.run.seed)
+    record_prompt_order(run_dir, [str(r["id"]) for r in prompts.select_columns(["id"]).take_all()])
     t0 = time.time()
     result = fit(
         grpo_loop,
@@ -148,6 +149,28 @@ def train(cfg: GRPOConfig, model_path: str, data: PreparedData, run_dir: Path) -
     if result.error is not None:
         raise result.error
     return str(Path(result.checkpoint.path) / checkpointing.HF_DIR), time.time() - t0, dict(result.metrics or {})
+
+
+PROMPT_ORDER_FILE = "prompt_order.json"
+
+
+def record_prompt_order(run_dir: Path, ids: list[str]) -> None:
+    """The prompt ids in the order the learner consumes them, written when the run starts: what a
+    resumed run must reproduce (ValueError otherwise, before any training), and what an audit
+    compares the trained prompts against (the first steps x prompts_per_step of it)."""
+    path = run_dir / PROMPT_ORDER_FILE
+    if path.is_file():
+        first = json.loads(path.read_text())
+        n = min(len(first), len(ids))
+        if first[:n] != ids[:n]:
+            at = next(i for i in range(n) if first[i] != ids[i])
+            raise ValueError(
+                f"the prompt order differs from the one this run started with (position {at}: {first[at]!r} then, "
+                f"{ids[at]!r} now): the data or run.seed changed. Set them back, or start a new run.name"
+            )
+        if len(ids) <= len(first):
+            return
+    path.write_text(json.dumps(ids))
 
 
 def evaluate(cfg: GRPOConfig, data: PreparedData, version: int | None = None) -> dict[str, Any]:
