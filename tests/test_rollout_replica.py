@@ -23,9 +23,13 @@ class FakeEngine:
         self.resets = 0
         self.weights = 0
         self.errored = False
+        self.fail_versions: set[int] = set()
 
     async def collective_rpc(self, method: str, args: tuple) -> list[bool]:
         assert method == "raypost_load"
+        if args[0]["version"] in self.fail_versions:
+            self.weights = -1  # half loaded
+            raise ConnectionError("the learner's weight server went away mid-transfer")
         self.loaded.append((args[0]["version"], self.server._inflight))
         await asyncio.sleep(0.01)
         self.weights = args[0]["version"]
@@ -120,6 +124,29 @@ def test_a_request_that_never_ends_fails_the_replica_instead_of_blocking_reloads
             await server.check_health()
         assert server.engine.loaded == []  # never reloaded under the hung request
         hung.cancel()
+
+    asyncio.run(run())
+
+
+@pytest.mark.timeout(30)
+def test_a_load_that_breaks_midway_never_serves_under_the_old_label():
+    """A transfer that fails after some tensors were loaded leaves mixed weights: the replica
+    refuses every request and fails its health check (Serve replaces it) instead of answering
+    with them as the old version."""
+
+    async def run() -> None:
+        chan = FakeChannel()
+        server = replica(chan)
+        chan.published = 1
+        await server.generate([[1]], 1)
+        server.engine.fail_versions = {2}
+        chan.published = 2
+        for _ in range(2):  # the failing request, and every one after it
+            with pytest.raises(RuntimeError, match="loading weight version 2 failed midway"):
+                await server.generate([[1]], 1)
+        with pytest.raises(RuntimeError, match="loading weight version 2 failed midway"):
+            await server.check_health()
+        assert server.version == 1 and server.engine.weights == -1
 
     asyncio.run(run())
 

@@ -141,6 +141,8 @@ class RolloutServer:
         self._lock = asyncio.Lock()
 
     async def _ensure_latest(self) -> None:
+        if self._broken:
+            raise RuntimeError(f"this replica cannot serve: {self._broken}")
         if self.channel is None or not await self.channel.newer_than(self.version):
             return
         async with self._lock:  # any change, also back to an older version after a resume
@@ -150,7 +152,13 @@ class RolloutServer:
             version, source = await self.channel.fetch(self.version)
             if source is None:
                 return
-            await self.engine.collective_rpc("raypost_load", args=(source,))
+            try:
+                await self.engine.collective_rpc("raypost_load", args=(source,))
+            except Exception as err:
+                # Part of the new version may be loaded over the old: serving on under the old label
+                # would mix versions silently. The replica fails its health check; Serve replaces it.
+                self._broken = f"loading weight version {version} failed midway ({type(err).__name__}: {err})"
+                raise RuntimeError(f"this replica cannot serve: {self._broken}") from err
             await self.engine.reset_prefix_cache()
             self.version = version
 
