@@ -150,3 +150,25 @@ def test_a_failing_step_still_stops_the_learner(tmp_path, checkpoints):
     with pytest.raises(RuntimeError, match="learner failed"):
         loop.run_learner(learner, worker(tmp_path), state)
     assert stopped == [True] and state.step == 0
+
+
+def test_a_long_phase_prints_about_twenty_progress_lines_and_logs_every_cadence():
+    """A 500-step warm-up at log_every 10 prints 20 progress lines, not 50, while its metrics
+    are still logged every 10 steps."""
+    import logging
+
+    from raypost.utils.metrics import Progress
+
+    printed, logged = [], []
+    handler = logging.Handler()
+    handler.emit = lambda record: printed.append(record.getMessage())
+    progress_log = logging.getLogger("raypost.sft")
+    progress_log.addHandler(handler)
+    logger = SimpleNamespace(log=lambda metrics, step: logged.append(step))
+    learner = loop.Learner(phase="sft", label="sft", steps=500, take=None, learn=None, every_step=False)
+    try:
+        for step in range(1, 501):
+            loop._log(logger, Progress(500, 0, "sft"), learner, step, {"loss": 1.0}, log_every=10)
+    finally:
+        progress_log.removeHandler(handler)
+    assert len(printed) == 20 and len(logged) == 50 and printed[-1].startswith("sft step 500/500")

@@ -139,17 +139,22 @@ def run_learner(learner: Learner, worker: Worker, state: checkpointing.Controlle
     logger.finish()
 
 
+PROGRESS_LINES = 20
+
+
 def _log(
     logger: MetricsLogger, progress: Progress, learner: Learner, step: int, metrics: dict[str, Any], log_every: int
 ) -> None:
-    line = step % log_every == 0 or step == learner.steps
-    if learner.every_step or line:
+    last = step == learner.steps
+    if learner.every_step or step % log_every == 0 or last:
         logger.log(metrics, step)
     else:
         kept = {k: metrics[k] for k in learner.always if k in metrics}
         if kept:
             logger.log({"phase": learner.phase, **kept}, step)
-    if line:
+    # At most about PROGRESS_LINES progress lines a phase, however long: a 500-step warm-up does
+    # not flood the terminal (every step's metrics are still in metrics.jsonl).
+    if step % max(log_every, -(-learner.steps // PROGRESS_LINES)) == 0 or last:
         keys = learner.shown if learner.shown is not None else [k for k in metrics if k != "phase"]
         shown = {k: metrics[k] for k in keys if k in metrics}
         logging.getLogger(f"raypost.{learner.phase}").info(progress.line(step, shown))
