@@ -180,4 +180,4 @@ def test_dpo_pipeline_makes_the_policy_prefer_the_chosen_responses(ray_cluster, 
     # One run here: 0.475 -> 0.750, implicit-reward accuracy 0.78 (125 steps of 16 pairs).
     assert after["eval_logp_accuracy"] >= before["eval_logp_accuracy"] + 0.15, report["heldout"]
     assert after["eval_reward_accuracy"] >= 0.65 and after["eval_reward_margin"] > 0, report["heldout"]
-    assert report["data"]["train"]["good"] > 0 and (tmp_path / "dpo-tiny" / "loss.png").is_file()
+    assert report["data"]["train"]["kept"] > 0 and (tmp_path / "dpo-tiny" / "loss.png").is_file()
