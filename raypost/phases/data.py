@@ -38,18 +38,20 @@ def start_run(cfg: Any, verbose: bool = True) -> Path:
     from raypost.train.trainer import run_dir as make_run_dir
     from raypost.utils import storage
     from raypost.utils.cluster import init_ray
-    from raypost.utils.logs import setup_logging
+    from raypost.utils.logs import quiet_driver, quiet_workers, setup_logging
     from raypost.utils.runlock import hold_run
 
     setup_logging()
-    init_ray(cfg.run.ray_address)
     run_dir = make_run_dir(cfg.run)
     run_dir.mkdir(parents=True, exist_ok=True)
     hold_run(run_dir, cfg.run.lock_wait_s)  # one driver per run folder, for this process's life
+    logs = run_dir / "logs.txt"
     if not verbose:
-        from raypost.utils.logs import quiet
-
-        log.info("run folder %s; library logs in %s (--verbose shows them here)", run_dir, quiet(run_dir))
+        quiet_driver(logs)
+    init_ray(cfg.run.ray_address)
+    if not verbose:
+        quiet_workers(logs)
+        log.info("run folder %s; library logs in %s (--verbose shows them here)", run_dir, logs)
     fetched = storage.pull(run_dir)  # a run stored at a URI resumes from what it holds, on any machine
     if fetched:
         log.info("fetched %d files of %s from %s into %s", fetched, cfg.run.name, cfg.run.storage_path, run_dir)

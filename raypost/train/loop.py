@@ -139,7 +139,7 @@ def run_learner(learner: Learner, worker: Worker, state: checkpointing.Controlle
     logger.finish()
 
 
-PROGRESS_LINES = 20
+PROGRESS_LINES = 10
 
 
 def _log(

@@ -40,17 +40,53 @@ def setup_logging(level: int = logging.INFO) -> None:
 
 # What stays on the terminal of a quiet run: raypost's own lines, and errors of any library.
 KEEP = re.compile(r" (INFO|WARNING|ERROR|CRITICAL) raypost[\w.]*: |^(ERROR|CRITICAL)\b| (ERROR|CRITICAL) ")
-LIBRARY_LOGGERS = ("ray", "ray.serve", "ray.train", "ray.tune", "ray.data", "vllm", "transformers", "deepspeed")
 
 
-def quiet(run_dir: Path) -> Path:
-    """Route library noise to ``run_dir/logs.txt``: every line the cluster's workers print
-    (Ray Train, Serve replicas, vLLM) is written there, and only raypost's lines and errors
-    reach the terminal; the driver's library loggers drop to WARNING. ``--verbose`` skips this.
-    Returns the log file."""
+class _ToFile(logging.Filter):
+    """On a library logger or handler: records below ERROR go to the run's log file, not the terminal."""
+
+    def __init__(self, sink: logging.Handler) -> None:
+        super().__init__()
+        self.sink = sink
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            return True
+        self.sink.handle(record)
+        return False
+
+
+# Library loggers that print on their own (no propagation) or log directly on these names.
+OWN_LOGGERS = ("ray.serve", "DeepSpeed", "ray.data", "ray.train", "ray.tune", "transformers", "vllm", "py.warnings")
+
+
+def quiet_driver(path: Path) -> None:
+    """Before Ray starts, in the driver: the records of Ray, Serve, Ray Data, DeepSpeed,
+    transformers and Python's warnings go to ``path``, errors still to the terminal; no
+    transformers progress bars. Filters on the loggers themselves, so that handlers a library
+    adds later (DeepSpeed and Serve add theirs when they start) are covered too."""
+    sink = logging.FileHandler(path)
+    sink.setFormatter(logging.Formatter(FORMAT))
+    to_file = _ToFile(sink)
+    logging.captureWarnings(True)
+    for name in OWN_LOGGERS:
+        logging.getLogger(name).addFilter(to_file)
+    for name in ("", "ray", *OWN_LOGGERS):
+        for handler in logging.getLogger(name).handlers:
+            handler.addFilter(to_file)  # records of their children reach these handlers
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
+def quiet_workers(path: Path) -> None:
+    """Once Ray runs: every line the cluster's workers print (Ray Train, Serve replicas, vLLM)
+    is written to ``path``, and only raypost's lines and errors reach the terminal."""
     from ray._private import worker
 
-    path = run_dir / "logs.txt"
     sink = open(path, "a", buffering=1)  # noqa: SIM115 - open for the life of the driver
 
     def handler(data: dict[str, Any]) -> None:
@@ -63,6 +99,3 @@ def quiet(run_dir: Path) -> Path:
     dispatcher = worker.global_worker_stdstream_dispatcher
     dispatcher.remove_handler("ray_print_logs")
     dispatcher.add_handler("ray_print_logs", handler)
-    for name in LIBRARY_LOGGERS:
-        logging.getLogger(name).setLevel(logging.WARNING)
-    return path
