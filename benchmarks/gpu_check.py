@@ -4,7 +4,7 @@ For a session lent a GPU machine: run it there, and the README's GPU status line
 "not yet run on a GPU" to what it measured. Each check is skipped, with its reason, when this
 machine cannot run it (no GPU, a package missing, one GPU where two are needed):
 
-1. learner_on_device: a GRPO step as the learner takes it (``collate``, ``to_device``,
+1. learner_on_device: a GRPO step as the learner takes it (``collate``, ``LearnerBatch.to``,
    ``token_logprobs``, the registered policy loss with its KL to the frozen reference): every
    tensor on the device, the policy and the reference in the learner's precision; the loss and
    the gradient match the same step in fp32 on the CPU.

@@ -172,3 +172,14 @@ def test_a_long_phase_prints_about_ten_progress_lines_and_logs_every_cadence():
     finally:
         progress_log.removeHandler(handler)
     assert len(printed) == 10 and len(logged) == 50 and printed[-1].startswith("sft step 500/500")
+
+
+def test_steps_are_full_global_batches_capped_and_none_is_an_error_naming_the_fields():
+    from raypost.config import OptimConfig, ResourcesConfig
+    from raypost.train.trainer import plan_steps
+
+    optim, res = OptimConfig(micro_batch_size=4, grad_accum=2), ResourcesConfig(num_workers=2)
+    assert plan_steps(100, optim, res, None, "pairs") == 6  # global batch 16: 6 full ones
+    assert plan_steps(100, optim, res, 4, "pairs") == 4
+    with pytest.raises(ValueError, match=r"15 training pairs make no full global batch of 16 \(optim.micro_batch_size"):
+        plan_steps(15, optim, res, None, "pairs")

@@ -18,7 +18,7 @@ from raypost.phases.data import base_model
 from raypost.train import checkpointing
 from raypost.train.dpo_loop import dpo_loop
 from raypost.train.loop import LoopConfig
-from raypost.train.trainer import fit, learner_request
+from raypost.train.trainer import fit, learner_request, plan_steps
 from raypost.utils.cluster import check_resources
 
 log = logging.getLogger("raypost")
@@ -60,23 +60,12 @@ def prepare(cfg: DPOConfig, run_dir: Path) -> tuple[str, ray.data.Dataset, ray.d
     return model_path, out[0], out[1], counts
 
 
-def plan_steps(cfg: DPOConfig, num_pairs: int) -> int:
-    global_batch = cfg.optim.micro_batch_size * cfg.optim.grad_accum * cfg.resources.num_workers
-    steps = cfg.dpo.epochs * num_pairs // global_batch
-    if steps == 0:
-        raise ValueError(
-            f"{num_pairs} training pairs make no full global batch of {global_batch} "
-            "(optim.micro_batch_size x optim.grad_accum x resources.num_workers); lower one of them"
-        )
-    return min(steps, cfg.dpo.max_steps or steps)
-
-
 def train(
     cfg: DPOConfig, model_path: str, train_ds: ray.data.Dataset, eval_ds: ray.data.Dataset, run_dir: Path
 ) -> tuple[str, float, dict[str, Any]]:
     """DPO on Ray Train; returns (HF export path, wall seconds, last metrics)."""
     check_resources({"resources (learner)": learner_request(cfg.resources)})
-    total = plan_steps(cfg, train_ds.count())
+    total = plan_steps(cfg.dpo.epochs * train_ds.count(), cfg.optim, cfg.resources, cfg.dpo.max_steps, "pairs")
     order = preprocess.epoch_order(train_ds, cfg.dpo.epochs, cfg.run.seed).materialize()
     held_out = eval_ds.limit(cfg.dpo.max_eval_pairs).materialize()
     log.info(

@@ -18,7 +18,7 @@ from raypost.data.preference import TokenizePairs, build_pairs, pair_schema
 from raypost.train import checkpointing
 from raypost.train.loop import LoopConfig
 from raypost.train.rm_loop import rm_loop
-from raypost.train.trainer import fit, learner_request
+from raypost.train.trainer import fit, learner_request, plan_steps
 from raypost.utils.cluster import check_resources
 
 log = logging.getLogger("raypost")
@@ -73,23 +73,12 @@ def write_pairs(ds: ray.data.Dataset, path: Path) -> None:
             fh.write(json.dumps(row) + "\n")
 
 
-def plan_steps(cfg: RewardModelConfig, num_pairs: int) -> int:
-    global_batch = cfg.optim.micro_batch_size * cfg.optim.grad_accum * cfg.resources.num_workers
-    steps = cfg.train.epochs * num_pairs // global_batch
-    if steps == 0:
-        raise ValueError(
-            f"{num_pairs} training pairs make no full global batch of {global_batch} "
-            f"(optim.micro_batch_size x optim.grad_accum x resources.num_workers); lower one of them"
-        )
-    return min(steps, cfg.train.max_steps or steps)
-
-
 def train(
     cfg: RewardModelConfig, model_path: str, train_ds: ray.data.Dataset, eval_ds: ray.data.Dataset, run_dir: Path
 ) -> tuple[str, float, dict[str, Any]]:
     """Bradley-Terry training; returns (HF export path, wall seconds, last metrics)."""
     check_resources({"resources (learner)": learner_request(cfg.resources)})
-    total = plan_steps(cfg, train_ds.count())
+    total = plan_steps(cfg.train.epochs * train_ds.count(), cfg.optim, cfg.resources, cfg.train.max_steps, "pairs")
     order = preprocess.epoch_order(train_ds.drop_columns(TEXT_COLUMNS), cfg.train.epochs, cfg.run.seed).materialize()
     held_out = eval_ds.limit(cfg.train.max_eval_pairs).materialize()
     write_pairs(held_out, run_dir / "heldout_pairs.jsonl")

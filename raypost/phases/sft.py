@@ -16,7 +16,7 @@ from raypost.phases.data import PreparedData
 from raypost.train import checkpointing
 from raypost.train.loop import LoopConfig
 from raypost.train.sft_loop import sft_loop
-from raypost.train.trainer import fit, learner_request
+from raypost.train.trainer import fit, learner_request, plan_steps
 from raypost.utils.cluster import check_resources
 
 log = logging.getLogger("raypost")
@@ -29,18 +29,6 @@ class SFTResult:
     wall_s: float
     metrics: dict[str, Any] = field(default_factory=dict)
     checkpoint_path: str = ""  # the run's latest checkpoint
-
-
-def plan_steps(cfg: SFTConfig, num_rows: int) -> int:
-    """Optimizer steps: full global batches over all epochs, capped by train.max_steps."""
-    global_batch = cfg.optim.micro_batch_size * cfg.optim.grad_accum * cfg.resources.num_workers
-    steps = num_rows // global_batch
-    if steps == 0:
-        raise ValueError(
-            f"{num_rows} training rows make no full global batch of {global_batch} "
-            f"(optim.micro_batch_size x optim.grad_accum x resources.num_workers); lower one of them"
-        )
-    return min(steps, cfg.train.max_steps or steps)
 
 
 def run_sft(
@@ -60,7 +48,7 @@ def run_sft(
     (``report_to_tune=False``)."""
     check_resources({"resources (learner)": learner_request(cfg.resources)})
     rows = preprocess.sft_rows(data.train, cfg.data, cfg.train.epochs, cfg.run.seed)
-    total = plan_steps(cfg, rows.count())
+    total = plan_steps(rows.count(), cfg.optim, cfg.resources, cfg.train.max_steps, "rows")
     pass_info: dict[str, Any] = {}
     if teacher is not None:  # the teacher annotates only the rows the run will train on
         used = total * cfg.optim.micro_batch_size * cfg.optim.grad_accum * cfg.resources.num_workers

@@ -35,6 +35,19 @@ def learner_request(res: ResourcesConfig) -> dict[str, float]:
     return {k: v * res.num_workers for k, v in worker_resources(res).items()}
 
 
+def plan_steps(examples: int, optim: Any, resources: ResourcesConfig, max_steps: int | None, what: str) -> int:
+    """Optimizer steps over ``examples`` (all epochs' rows, packed rows or pairs): full global
+    batches of micro_batch_size x grad_accum x num_workers, capped by ``max_steps``."""
+    global_batch = optim.micro_batch_size * optim.grad_accum * resources.num_workers
+    steps = examples // global_batch
+    if steps == 0:
+        raise ValueError(
+            f"{examples} training {what} make no full global batch of {global_batch} "
+            "(optim.micro_batch_size x optim.grad_accum x resources.num_workers); lower one of them"
+        )
+    return min(steps, max_steps or steps)
+
+
 def fit(
     loop: Callable[[dict[str, Any]], None],
     loop_config: LoopConfig,
