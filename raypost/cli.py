@@ -70,10 +70,12 @@ def run_pipeline(name: str, argv: list[str]) -> dict[str, Any]:
 
     import logging
 
+    from raypost.config import dump_yaml
     from raypost.phases.data import start_run
 
     run_dir = start_run(cfg, verbose=verbose)
     pipeline.check(cfg)
+    dump_yaml(cfg, run_dir / "config.yaml")  # with what the checks picked for the cluster
     report = pipeline.run(cfg, run_dir)
     logging.getLogger("raypost").info("report: %s", run_dir / "report.json")
     return report

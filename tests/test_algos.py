@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from raypost.algos import ADVANTAGES, KL_ESTIMATORS, POLICY_LOSSES, LossParams
+from raypost.algos import ADVANTAGES, KL_ESTIMATORS, POLICY_LOSSES, BatchCounts, LossParams
 
 L = math.log
 
@@ -95,6 +95,44 @@ def test_dr_grpo_loss_by_hand():
     assert loss.item() == pytest.approx(0.2)
 
 
+def test_gspo_loss_by_hand():
+    # Sequence ratios: seq1 exp((L1.5 + L.5)/2) = .75^(1/2) = .8660; seq2 exp((0 + L1.5 + L.5)/3) = .75^(1/3) = .9086.
+    # eps .2: both inside the clip range -> loss = (-.8660 + .9086) / 2. Gradient of seq1's tokens:
+    # d(-s1)/dlogp_t = -s1/2, x 1/2 (batch) = -.2165 each; padding 0.
+    logp, old, adv, mask = batch()
+    s1, s2 = 0.75**0.5, 0.75 ** (1 / 3)
+    loss, m = POLICY_LOSSES.get_fn("gspo")(logp, old, adv, mask, LossParams())
+    assert loss.item() == pytest.approx((-s1 + s2) / 2) and m["clip_frac"] == 0.0
+    loss.backward()
+    assert logp.grad[0, :2].tolist() == pytest.approx([-s1 / 4] * 2) and logp.grad[0, 2] == 0.0
+    assert logp.grad[1].tolist() == pytest.approx([s2 / 6] * 3)  # +s2/3 per token, x 1/2
+    # eps .05: seq2 (adv -1) has min(-.9086, -.95) = -.95, the clipped term: no gradient for it.
+    logp, old, adv, mask = batch()
+    loss, m = POLICY_LOSSES.get_fn("gspo")(logp, old, adv, mask, LossParams(eps_low=0.05, eps_high=0.05))
+    assert loss.item() == pytest.approx((-s1 + 0.95) / 2) and m["clip_frac"] == 0.5
+    loss.backward()
+    assert logp.grad[0, :2].tolist() == pytest.approx([-s1 / 4] * 2) and logp.grad[1].abs().sum() == 0.0
+
+
+def test_cispo_loss_by_hand():
+    # Weights clip(r, .8, 1.2), no gradient: seq1 [1.2, .8] (adv +1), seq2 [1, 1.2, .8] (adv -1).
+    # loss = -sum(w * A * logp) / 5 tokens = (-1.2 L1.5 - .8 L.5 + 0 + 1.2 L1.5 + .8 L.5) / 5 = 0, and
+    # every token keeps a gradient -w * A / 5, the clipped ones too (GRPO's clipped token has none).
+    logp, old, adv, mask = batch()
+    loss, m = POLICY_LOSSES.get_fn("cispo")(logp, old, adv, mask, LossParams())
+    assert loss.item() == pytest.approx(0.0, abs=1e-7) and m["clip_frac"] == pytest.approx(4 / 5)
+    loss.backward()
+    assert logp.grad.flatten().tolist() == pytest.approx([-0.24, -0.16, 0.0, 0.2, 0.24, 0.16])
+    # A micro-batch of a global batch of 10 tokens: the normalizer is the global one.
+    logp, old, adv, mask = batch()
+    POLICY_LOSSES.get_fn("cispo")(logp, old, adv, mask, LossParams(), counts=BatchCounts(4, 10))[0].backward()
+    assert logp.grad[0, 0].item() == pytest.approx(-0.12)
+    # eps_low 1.0 (MiniMax-M1: no lower bound): the .5 ratios keep their weight .5
+    logp, old, adv, mask = batch()
+    POLICY_LOSSES.get_fn("cispo")(logp, old, adv, mask, LossParams(eps_low=1.0))[0].backward()
+    assert logp.grad[0, 1].item() == pytest.approx(-0.5 / 5) and logp.grad[1, 2].item() == pytest.approx(0.5 / 5)
+
+
 def test_kl_term_inside_the_aggregation():
     # +beta*kl = 0.1*0.5 per token: each sequence mean rises by 0.05 -> 0.125 + 0.05 = 0.175
     logp, old, adv, mask = batch()
@@ -103,7 +141,7 @@ def test_kl_term_inside_the_aggregation():
 
 
 def test_unknown_names_list_known():
-    with pytest.raises(KeyError, match="known: dapo, dr_grpo, grpo"):
+    with pytest.raises(KeyError, match="known: cispo, dapo, dr_grpo, grpo, gspo"):
         POLICY_LOSSES.get_fn("ppo2")
 
 
@@ -120,7 +158,8 @@ def test_micro_batch_shares_add_up_to_the_global_loss_by_hand():
     mb_a = (zeros, zeros, torch.tensor([1.0]), torch.tensor([[1.0, 0.0, 0.0]]))
     mb_b = (zeros, zeros, torch.tensor([-1.0]), torch.tensor([[1.0, 1.0, 1.0]]))
     counts = BatchCounts(sequences=2, tokens=4)
-    expected = {"dapo": 0.5, "grpo": 0.0, "dr_grpo": 0.25}
+    # GSPO at ratio 1 is GRPO's aggregation (CISPO's normalizer: test_cispo_loss_by_hand).
+    expected = {"dapo": 0.5, "grpo": 0.0, "dr_grpo": 0.25, "gspo": 0.0}
     for name, want in expected.items():
         fn = POLICY_LOSSES.get_fn(name)
         shares = [fn(*mb, p, counts=counts)[0].item() for mb in (mb_a, mb_b)]

@@ -58,6 +58,9 @@ def cluster():
         yield Nodes(h, h.add_node(2, {"learner_node": 4}), h.add_node(2, {"rollout_node": 4}))
 
 
+RUN_SECRET = "run-secret-5f0c8e7a2b914d36"
+
+
 def submit(head: LocalHead, args: list[str], timeout: float = 1500) -> str:
     """``ray job submit --working-dir <repo> -- <venv python> pipelines/grpo.py ARGS``; returns its output."""
     cmd = [
@@ -189,6 +192,10 @@ def test_grpo_job_learns_then_resumes_async_with_a_reward_model(cluster, tmp_pat
             str(untrained_reward_model),
             "--reward.model.weight",
             "0.5",
+            "--reward.auth_token",  # on the command line, the worst place for it
+            RUN_SECRET,
+            "--run.wandb_mode",
+            "offline",
         ],
     )
     assert "sft step" not in out
@@ -224,6 +231,11 @@ def test_grpo_job_learns_then_resumes_async_with_a_reward_model(cluster, tmp_pat
     trained = [json.loads(x) for x in (run / "trained_samples.jsonl").read_text().splitlines()]
     per_step = first["config"]["algo"]["prompts_per_step"] * first["config"]["algo"]["group_size"]
     assert [t["step"] for t in trained] == steps and all(len(t["ids"]) == per_step for t in trained)
+    # No file of the run (config.yaml, report.json, logs, metrics, checkpoints, wandb's offline run)
+    # holds the token.
+    assert list(run.glob("wandb/offline-run-*")), "wandb wrote its offline run into the run folder"
+    leaks = [p for p in run.rglob("*") if p.is_file() and RUN_SECRET.encode() in p.read_bytes()]
+    assert not leaks, leaks
     prompts = [p.split("#")[0] for t in trained for p in t["ids"]]
     assert len(set(prompts)) == total * first["config"]["algo"]["prompts_per_step"], (
         "each step draws new prompts; none is replayed after the resume"
@@ -255,7 +267,7 @@ def test_shm_weights_to_replicas_on_another_node_fail_before_anything_starts(clu
     )
     assert proc.returncode != 0 and time.time() - t0 < 60
     err = proc.stderr.strip().splitlines()[-1]
-    assert err.startswith("raypost: no node can hold both a learner worker"), proc.stderr[-3000:]
+    assert err.startswith("raypost: no node can hold a learner worker"), proc.stderr[-3000:]
     for fix in ("rollout.weights.transport=object_store", "rollout.ray_resources", "rollout.weights.shared=true"):
         assert fix in err
     assert not list(tmp_path.glob("*/base_model")), "it failed before the data phase"

@@ -53,13 +53,35 @@ def test_a_symbolic_match_scores_off_the_main_thread_as_on_it(completion, gold, 
 def test_a_hung_check_is_cut_off_at_its_limit_and_its_worker_replaced():
     hung = SymbolicChecker(timeout_s=1, command=[sys.executable, "-c", "import time; time.sleep(600)"], start_s=3)
     t0 = time.perf_counter()
-    assert _off_main(lambda: hung.equal("1/2", "0.5")) is None  # no verdict: the caller scores no match
+    assert _off_main(lambda: hung.equal("1/2", "0.5")) is None  # no verdict
     waited = time.perf_counter() - t0
     assert hung.timeouts == 1 and hung._worker is None  # killed, not left running
     assert 6 <= waited < 6 + 10  # limit 1 s + margin 2 s + a new worker's start allowance 3 s
     hung.command, hung.start_s = SymbolicChecker().command, 60  # the next check starts a working worker
     assert _off_main(lambda: hung.equal("1/2", "0.5")) is True
     hung.close_worker()
+
+
+def test_a_timed_out_check_is_a_reward_that_says_so(monkeypatch):
+    """accuracy_reward gives TRL's None ("no opinion") for an item whose symbolic check timed out,
+    not a silent 0; the GRPO metrics average the verdicts made and report the share without one."""
+    from raypost.rewards import verifiers
+    from raypost.rl.groups import Group, Sample
+    from raypost.train.grpo_loop import _rollout_metrics
+
+    class Hung:
+        def equal(self, gold: str, pred: str) -> None:
+            return None
+
+    monkeypatch.setattr(verifiers, "symbolic_checker", lambda: Hung())
+    assert accuracy_reward(["q"] * 3, ["#### 0.5", "#### 7", "#### 8"], ["1/2", "7", "7"]) == [None, 1.0, 0.0]
+
+    def sample(acc: float | None) -> Sample:
+        return Sample([2, 3], [0.0, 0.0], "stop", "t", 1, reward=acc or 0.0, scores={"accuracy": acc})
+
+    samples = [sample(None), sample(1.0), sample(0.0), sample(1.0)]
+    metrics = _rollout_metrics([Group("g", [1], "q", "7", samples)])
+    assert metrics["score_accuracy"] == 2 / 3 and metrics["unscored_accuracy"] == 0.25
 
 
 def test_the_checkers_worker_ends_with_its_owner():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import requests
 
-TOKEN = "s3cret-token"
+TOKEN = "s3cret-token-0123456789"
 
 
 @pytest.fixture(scope="module")
@@ -156,12 +156,34 @@ def test_auth_required(reward_url, token):
         ),
         ({"prompts": ["q"], "completions": ["a"], "rewards": ["nope"]}, None, 422, "unknown reward name(s) ['nope']"),
         (None, b'{"prompts": ["' + b"q" * 5000 + b'"]}', 413, "over the limit of 4096"),
+        (None, b"[" * 3000, 400, "nested too deeply"),
     ],
 )
 def test_bad_input_is_4xx_naming_the_field(reward_url, body, raw, status, needle):
     r = post(f"{reward_url}/reward/v1/rewards", body, raw=raw)
     assert r.status_code == status, r.text
     assert needle in r.json()["detail"]
+
+
+def test_the_body_size_is_checked_before_the_body_is_read(reward_url):
+    """A declared Content-Length over the limit is answered at once, with no byte of the body sent;
+    a chunked body (no Content-Length) is cut off as soon as it passes the limit."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    where = urlsplit(reward_url)
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=20)
+    conn.putrequest("POST", "/reward/v1/rewards")
+    conn.putheader("Authorization", f"Bearer {TOKEN}")
+    conn.putheader("Content-Length", str(10**9))
+    conn.endheaders()
+    resp = conn.getresponse()
+    assert resp.status == 413 and b"over the limit of 4096" in resp.read()
+    conn.close()
+    chunks = (b'{"prompts": ["' if i == 0 else b"q" * 1000 for i in range(10))
+    r = requests.post(f"{reward_url}/reward/v1/rewards", data=chunks, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 413 and "over the limit of 4096" in r.text
+    assert requests.get(f"{reward_url}/reward/health", timeout=10).status_code == 401
 
 
 def test_openrlhf_bad_lengths(reward_url):
@@ -229,3 +251,18 @@ def test_reward_model_served_over_http(serve_url):
         assert out["rewards"][1] == pytest.approx(out["scores"]["rm"][1])
     finally:
         serve.delete("reward-rm")
+
+
+@pytest.mark.slow
+def test_hostile_load_gets_only_the_rewards_derived_by_hand(serve_url):
+    """16 clients mixing labelled, unlabelled, pathological and unparseable requests
+    (benchmarks/reward_boundary.py, where the latency is measured): every answer is the one
+    derived by hand for its request, no 5xx, and the replica still answers afterwards."""
+    from urllib.parse import urlsplit
+
+    from benchmarks.reward_boundary import CASES, serve_and_load
+
+    out = serve_and_load(urlsplit(serve_url).port, TOKEN, clients=16, seconds=8, cpus=0.5)
+    assert out["requests"] >= 2 * len(CASES) and out["scored"] > 0, out
+    assert (out["wrong"], out["5xx"], out["transport_errors"]) == (0, 0, 0), out["failures"]
+    assert out["healthy_after"]

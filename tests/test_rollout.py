@@ -81,7 +81,7 @@ def rollout(serve_url, served_model):
     from raypost.weights import open_channel
 
     chan = open_channel(cfg, f"test-{uuid.uuid4().hex[:8]}")
-    serve.run(build_app(str(tiny_model), cfg, chan), name="rollout", route_prefix="/rollout")
+    serve.run(build_app(str(tiny_model), cfg, chan, token=TOKEN), name="rollout", route_prefix="/rollout")
     yield {"cfg": cfg, "url": f"{serve_url}/rollout", "model": tiny_model, "channel": chan}
     serve.delete("rollout")
     chan.close()
@@ -211,25 +211,51 @@ def test_sampling_n_and_seed(rollout):
     ]
 
 
+TOKEN = "rollout-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
 @pytest.mark.slow
 def test_openai_completions_http(rollout):
     r = requests.post(
         f"{rollout['url']}/v1/completions",
         timeout=60,
+        headers=AUTH,
         json={"prompt": "Ava has 3 pens.", "max_tokens": 5, "temperature": 0.7, "n": 2, "user": "x"},
     )
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["object"] == "text_completion" and len(body["choices"]) == 2 and body["weight_version"] >= 0
     assert body["usage"]["completion_tokens"] <= 10
-    bad = requests.post(f"{rollout['url']}/v1/completions", json={"prompt": "x", "max_tokens": 0}, timeout=30)
-    assert bad.status_code == 422 and "max_tokens" in bad.text
-    greedy_n = requests.post(
-        f"{rollout['url']}/v1/completions", timeout=30, json={"prompt": "x", "max_tokens": 3, "temperature": 0, "n": 2}
-    )
-    assert greedy_n.status_code == 422 and "n must be 1 when using greedy sampling" in greedy_n.text
-    long = requests.post(f"{rollout['url']}/v1/completions", json={"prompt": [5] * 250, "max_tokens": 10}, timeout=30)
-    assert long.status_code == 422 and "max_model_len 256" in long.text
+
+
+# The rollout HTTP boundary: (body, headers, status, what the answer says). Each is refused before
+# the engine sees it; the replica keeps serving (checked after the table).
+BAD_COMPLETIONS = [
+    ({"prompt": "x", "max_tokens": 2}, {}, 401, "bearer token"),
+    ({"prompt": "x", "max_tokens": 2}, {"Authorization": "Bearer nope"}, 401, "bearer token"),
+    ({"prompt": "x", "max_tokens": 0}, AUTH, 422, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 3, "temperature": 0, "n": 2}, AUTH, 422, "n must be 1 when using greedy"),
+    ({"prompt": [5] * 250, "max_tokens": 10}, AUTH, 422, "max_model_len 256"),
+    ({"prompt": "x", "n": 65}, AUTH, 422, "less than or equal to 64"),
+    ({"prompt": "x", "seed": 2**64}, AUTH, 422, "seed"),
+    ({"prompt": "x", "seed": -1}, AUTH, 422, "seed"),
+    ({"prompt": "x", "stop": ["a"] * 17}, AUTH, 422, "stop"),
+    ({"prompt": "x " * 5000, "max_tokens": 2}, AUTH, 413, "cannot fit max_model_len 256"),
+    ({"prompt": [10**7], "max_tokens": 2}, AUTH, 422, "outside the vocabulary"),
+    ({"prompt": [-1], "max_tokens": 2}, AUTH, 422, "prompt"),
+]
+
+
+@pytest.mark.slow
+def test_bad_completion_requests_are_4xx_and_the_replica_keeps_serving(rollout):
+    url = f"{rollout['url']}/v1/completions"
+    for body, headers, status, needle in BAD_COMPLETIONS:
+        r = requests.post(url, json=body, headers=headers, timeout=30)
+        assert r.status_code == status and needle in r.text, (body if len(str(body)) < 200 else "long", r.text[:300])
+    assert requests.get(f"{rollout['url']}/health", timeout=30).status_code == 401
+    ok = requests.post(url, json={"prompt": "x", "max_tokens": 2, "seed": 2**63 - 1}, headers=AUTH, timeout=60)
+    assert ok.status_code == 200, ok.text
 
 
 @pytest.mark.slow

@@ -42,9 +42,10 @@ def test_reward_cli_config():
     from serve_apps.reward import ALIASES
 
     cfg = load_config(
-        RewardServiceConfig, ["--model", "/x/rm", "--port", "9000", "--token", "abcdefgh1"], aliases=ALIASES
+        RewardServiceConfig, ["--model", "/x/rm", "--port", "9000", "--token", "abcdefgh12345678"], aliases=ALIASES
     )
-    assert cfg.model.path == "/x/rm" and cfg.port == 9000 and cfg.auth_token == "abcdefgh1" and cfg.host == "127.0.0.1"
+    assert cfg.model.path == "/x/rm" and cfg.port == 9000 and cfg.host == "127.0.0.1"
+    assert cfg.auth_token.get_secret_value() == "abcdefgh12345678" and "abcdefgh" not in str(cfg)
     with pytest.raises(ConfigError, match="did you mean 'max_items'"):
         load_config(RewardServiceConfig, ["--max_itemz", "3"])
 
@@ -54,8 +55,10 @@ def test_rollout_cli_config():
     from serve_apps.rollout import RolloutAppConfig, _split
 
     cfg = load_config(RolloutAppConfig, ["--model", "/m", "--num_replicas", "2"])
-    model, rollout, chan = _split(cfg)
-    assert model == "/m" and rollout.num_replicas == 2 and cfg.host == "127.0.0.1"
+    model, rollout, chan, token = _split(cfg)
+    assert model == "/m" and rollout.num_replicas == 2 and cfg.host == "127.0.0.1" and token is None
+    secret = load_config(RolloutAppConfig, ["--model", "/m", "--auth_token", "t" * 20])
+    assert _split(secret)[3] == "t" * 20 and "t" * 20 not in str(secret)
     assert chan.transport == "shm" and chan.key == "rollout" and str(chan.dir) == "/dev/shm/raypost/rollout"
     with pytest.raises(ConfigError, match="config field 'model' is required: set it in the YAML or pass --model VALUE"):
         load_config(RolloutAppConfig, [])

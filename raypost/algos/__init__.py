@@ -3,7 +3,7 @@
 Importing this package registers every built-in estimator and loss.
 """
 
-from raypost.algos import advantages, kl, losses, offpolicy, preference  # noqa: F401  (registration)
+from raypost.algos import advantages, cispo, gspo, kl, losses, offpolicy, preference  # noqa: F401  (registration)
 from raypost.algos.losses import BatchCounts, LossParams
 from raypost.algos.registry import ADVANTAGES, KL_ESTIMATORS, OFF_POLICY, POLICY_LOSSES, PREFERENCE_LOSSES
 

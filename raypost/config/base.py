@@ -8,12 +8,51 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args, get_origin
+from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
+from urllib.parse import parse_qsl, urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, PlainSerializer, SecretStr, ValidationError
 
 T = TypeVar("T", bound="StrictModel")
+
+
+# A secret (a bearer token): shown as '**********', and written as null to every file a run
+# writes (config.yaml, report.json, wandb's config), so a reloaded config takes it from the
+# environment variable its field names.
+def _long_enough(value: SecretStr) -> SecretStr:
+    if len(value.get_secret_value()) < 16:
+        raise ValueError("a token needs at least 16 characters: make one with `openssl rand -hex 16`")
+    return value
+
+
+Secret = Annotated[
+    SecretStr, AfterValidator(_long_enough), PlainSerializer(lambda _: None, return_type=None, when_used="json")
+]
+SECRET_WORDS = ("token", "password", "secret", "key")
+CREDENTIAL_ENV = {
+    "s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or the nodes' IAM role)",
+    "gs": "GOOGLE_APPLICATION_CREDENTIALS (or the nodes' service account)",
+    "gcs": "GOOGLE_APPLICATION_CREDENTIALS (or the nodes' service account)",
+    "abfs": "AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY",
+    "abfss": "AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY",
+}
+
+
+def refuse_credentials(uri: str, field: str) -> str:
+    """``uri`` unless it carries credentials (``user:pass@`` or a secret-looking query key), which
+    would land in config.yaml, logs and wandb: then a ValueError naming the environment to use."""
+    if "://" not in uri:
+        return uri
+    parts = urlsplit(uri)
+    secret_query = [k for k, _ in parse_qsl(parts.query) if any(w in k.lower() for w in SECRET_WORDS)]
+    if "@" in parts.netloc or secret_query:
+        env = CREDENTIAL_ENV.get(parts.scheme, "the store's own environment variables")
+        raise ValueError(
+            f"{field} carries credentials ({'user info' if '@' in parts.netloc else ', '.join(secret_query)}), "
+            f"which would be written to the run's files and logs; remove them and set {env} on every node"
+        )
+    return uri
 
 
 class ConfigError(ValueError):
@@ -77,6 +116,8 @@ def _format_validation_error(err: ValidationError) -> str:
             # a cross-field check: its message names the fields and the fix itself
             where = f"{loc}: " if loc else ""
             lines.append(where + e["msg"][len("Value error, ") :])
+        elif any(w in loc.lower() for w in SECRET_WORDS):  # never echo a secret
+            lines.append(f"config field '{loc}': {e['msg']}")
         else:
             lines.append(f"config field '{loc}': got {e.get('input')!r}; {e['msg']}")
     return "invalid config:\n  " + "\n  ".join(lines)

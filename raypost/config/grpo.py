@@ -41,7 +41,12 @@ class AlgoConfig(StrictModel):
 
     advantage: Literal["grpo", "rloo", "reinforce_pp"] = Field("grpo", description="Advantage estimator.")
     std_normalize: bool = Field(True, description="Divide advantages by the std (False = Dr.GRPO).")
-    loss: Literal["grpo", "dapo", "dr_grpo"] = Field("grpo", description="Policy loss aggregation.")
+    loss: Literal["grpo", "dapo", "dr_grpo", "gspo", "cispo"] = Field(
+        "grpo",
+        description="Policy loss: grpo, dapo, dr_grpo (token clipping, three aggregations), gspo (sequence-level "
+        "ratio and clip; the paper's eps is ~3e-4/4e-4) or cispo (clipped stop-gradient IS weight on every token; "
+        "eps_low 1.0 for no lower bound).",
+    )
     group_size: int = Field(8, ge=2, le=1024, description="G: completions sampled per prompt.")
     prompts_per_step: int = Field(8, ge=1, le=100_000, description="Prompts (groups) trained per step.")
     eps_low: float = Field(0.2, ge=0.0, le=1.0, description="Lower clip range of the ratio.")
@@ -174,6 +179,26 @@ class GRPOConfig(StrictModel):
             raise ValueError(
                 f"rollout.max_model_len {self.rollout.max_model_len} exceeds the tiny model's "
                 f"model.tiny.max_position_embeddings {limit}; lower the first or raise the second"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _prompts_fit_the_engine(self) -> GRPOConfig:
+        if self.data.max_seq_len > self.rollout.max_model_len:
+            raise ValueError(
+                f"data.max_seq_len {self.data.max_seq_len} exceeds rollout.max_model_len "
+                f"{self.rollout.max_model_len}: prompts that long would fail at the rollout replicas; "
+                "lower data.max_seq_len or raise rollout.max_model_len"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _no_grad_accum(self) -> GRPOConfig:
+        if self.optim.grad_accum != 1:
+            raise ValueError(
+                f"optim.grad_accum {self.optim.grad_accum} is not used by GRPO: a step trains "
+                "algo.prompts_per_step x algo.group_size sequences, in micro-batches of "
+                "optim.micro_batch_size per worker; remove optim.grad_accum and set those instead"
             )
         return self
 

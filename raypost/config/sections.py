@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from raypost.config.base import StrictModel
+from raypost.config.base import StrictModel, refuse_credentials
 
 
 def absolute_if_local(value: str | None) -> str | None:
@@ -144,12 +144,20 @@ class DataConfig(StrictModel):
     max_seq_len: int = Field(
         256, ge=16, le=131072, description="Rows longer than this (prompt+answer tokens) are rejected."
     )
+    max_row_bytes: int = Field(
+        1 << 20, ge=1024, le=1 << 30, description="A JSONL line longer than this is rejected unparsed."
+    )
     pack: bool = Field(
         True, description="SFT: pack several examples into one max_seq_len row (attention kept per example)."
     )
     synthetic: SyntheticTaskConfig = Field(default_factory=SyntheticTaskConfig, description="Synthetic task settings.")
 
     _local_paths = field_validator("path", "eval_path")(absolute_if_local)
+
+    @field_validator("path", "eval_path")
+    @classmethod
+    def _no_credentials(cls, value: str | None, info: Any) -> str | None:
+        return value if value is None else refuse_credentials(value, f"data.{info.field_name}")
 
     @field_validator("prompt_template")
     @classmethod
@@ -286,10 +294,10 @@ class RunConfig(StrictModel):
         scheme = v.split("://", 1)[0] if "://" in v else None
         if scheme is not None and scheme not in URI_SCHEMES:
             raise ValueError(
-                f"run.storage_path {v!r}: unknown scheme {scheme!r}; use a folder or one of "
+                f"run.storage_path: unknown scheme {scheme!r}; use a folder or one of "
                 f"{', '.join(sorted(URI_SCHEMES))}://"
             )
-        return v
+        return refuse_credentials(v, "run.storage_path")
 
 
 class EvalConfig(StrictModel):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator
 
-from raypost.config.base import StrictModel
+from raypost.config.base import Secret, StrictModel
 from raypost.config.sections import check_ray_resources, model_path
 from raypost.config.weights import ShmWeights, WeightTransport
 
@@ -55,8 +55,10 @@ class RewardServiceConfig(StrictModel):
     host: str = Field("127.0.0.1", min_length=1, description="HTTP bind address (loopback unless you open it).")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port.")
     route_prefix: str = Field("/", pattern=r"^/", description="Route prefix of the app.")
-    auth_token: str | None = Field(
-        None, min_length=8, description="Bearer token required on HTTP (also RAYPOST_REWARD_TOKEN)."
+    auth_token: Secret | None = Field(
+        None,
+        description="Bearer token required on HTTP. Prefer the RAYPOST_REWARD_TOKEN environment "
+        "variable: a token on the command line is seen by ps and job logs. Never written to run files.",
     )
     request_timeout_s: float = Field(
         120.0,

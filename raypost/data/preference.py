@@ -9,7 +9,7 @@ Two ways in:
   the reference solution of another question with a different answer ("mismatched").
   Which one is drawn per row from a seeded RNG (``mismatch_fraction``).
 
-Pair rows: ``id``, ``prompt``, ``chosen``, ``rejected``, ``kind``, ``reject``, ``raw``.
+Pair rows: ``id``, ``prompt``, ``chosen``, ``rejected``, ``kind``, ``reject``, ``raw``, ``where``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pandas as pd
 from raypost.data.rows import RowSchema, reject, row_id
 from raypost.data.tokenize import keep_raw
 
-PAIR_COLUMNS = ["id", "prompt", "chosen", "rejected", "kind", "reject", "raw"]
+PAIR_COLUMNS = ["id", "prompt", "chosen", "rejected", "kind", "reject", "raw", "where"]
 _FINAL = re.compile(r"####\s*(-?[\d,]*\.?\d+)\s*$")
 
 
@@ -64,6 +64,7 @@ def normalize_pair(row: Any, prompt_field: str, chosen_field: str, rejected_fiel
         "kind": "given",
         "reject": "",
         "raw": "",
+        "where": "",
     }
 
 
@@ -113,9 +114,10 @@ def build_pairs(batch: pd.DataFrame, mismatch_fraction: float, seed: int) -> pd.
                 "kind": kind,
                 "reject": "",
                 "raw": "",
+                "where": row["where"],
             }
         )
-    out += [reject(r["reject"], r["raw"], PAIR_COLUMNS) for r in records if r["reject"]]
+    out += [reject(r["reject"], r["raw"], PAIR_COLUMNS, r["where"]) for r in records if r["reject"]]
     return pd.DataFrame(out, columns=PAIR_COLUMNS)
 
 

@@ -103,15 +103,18 @@ def tokenize(ds: ray.data.Dataset, tokenizer_path: str, cfg: DataConfig) -> ray.
 
 
 def split_rejects(ds: ray.data.Dataset, split: str, rejects_path: Path) -> tuple[ray.data.Dataset, SplitCounts]:
-    """Good rows, and the counts; rejects are appended to ``rejects_path`` as JSONL."""
+    """Good rows, and the counts; rejects are appended to ``rejects_path`` as JSONL: split, file,
+    line (from 1), reason, raw."""
     counts = SplitCounts(read=ds.count())
     rejects = ds.filter(expr="reject != ''")
     rejects_path.parent.mkdir(parents=True, exist_ok=True)
     with rejects_path.open("a") as fh:
         for row in rejects.iter_rows():
             counts.reasons[row["reject"].split(":")[0]] += 1
-            fh.write(json.dumps({"split": split, "reason": row["reject"], "raw": row["raw"]}) + "\n")
-    good = ds.filter(expr="reject == ''").drop_columns(["raw", "reject"]).materialize()
+            file, _, line = row["where"].rpartition(":")
+            record = {"split": split, "file": file, "line": int(line) if line.isdigit() else None}
+            fh.write(json.dumps({**record, "reason": row["reject"], "raw": row["raw"]}) + "\n")
+    good = ds.filter(expr="reject == ''").drop_columns(["raw", "reject", "where"]).materialize()
     counts.kept = good.count()
     log.info(
         "data[%s]: read %d, kept %d, rejected %d %s (see %s)",

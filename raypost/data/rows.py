@@ -2,7 +2,8 @@
 
 Schema of a normalized row (all strings): ``id``, ``question``, ``solution`` (worked
 answer used as the SFT target), ``answer`` (normalized final answer), ``reject``
-(empty when the row is good) and ``raw`` (the original row as JSON, kept for rejects).
+(empty when the row is good), ``raw`` (the original row as JSON, kept for rejects) and
+``where`` (``<file>:<line>`` of the row in its source; the rejects file shows it).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import Any
 
 from raypost.data.answers import final_answer, normalize_number, strip_calculator
 
-COLUMNS = ["id", "question", "solution", "answer", "reject", "raw"]
+COLUMNS = ["id", "question", "solution", "answer", "reject", "raw", "where"]
+BOM = b"\xef\xbb\xbf"
+MAX_DEPTH_HINT = "JSON nested too deeply to parse; flatten the row"
 
 
 def row_id(question: str, answer: str) -> str:
@@ -30,9 +33,9 @@ def _raw(row: Any) -> str:
         return repr(row)[:2000]
 
 
-def reject(reason: str, raw: str, columns: list[str] = COLUMNS) -> dict[str, str]:
-    """A rejected row: ``reason`` says which field is wrong and why."""
-    return {**{c: "" for c in columns}, "reject": reason, "raw": raw}
+def reject(reason: str, raw: str, columns: list[str] = COLUMNS, where: str = "") -> dict[str, str]:
+    """A rejected row: ``reason`` says which field is wrong and why, ``where`` which row it was."""
+    return {**{c: "" for c in columns}, "reject": reason, "raw": raw, "where": where}
 
 
 def normalize_row(row: Any, prompt_field: str, answer_field: str) -> dict[str, str]:
@@ -56,7 +59,15 @@ def normalize_row(row: Any, prompt_field: str, answer_field: str) -> dict[str, s
         return reject(f"field '{answer_field}' has no numeric final answer (expected '#### <number>' or a number)", raw)
     solution = strip_calculator(answer_text) if "####" in answer_text else f"#### {final}"
     rid = str(row["id"]) if isinstance(row.get("id"), (str, int)) else row_id(question, answer_text)
-    return {"id": rid, "question": question.strip(), "solution": solution, "answer": final, "reject": "", "raw": ""}
+    return {
+        "id": rid,
+        "question": question.strip(),
+        "solution": solution,
+        "answer": final,
+        "reject": "",
+        "raw": "",
+        "where": "",
+    }
 
 
 @dataclass(frozen=True)
@@ -67,13 +78,39 @@ class RowSchema:
     columns: list[str]
     normalize: Callable[[Any], dict[str, str]]
 
-    def parse_line(self, line: str) -> dict[str, str]:
-        """One JSONL line -> normalized row, or a reject for bad JSON."""
+    def parse_line(self, line: str | bytes, max_bytes: int = 1 << 20) -> dict[str, str]:
+        """One JSONL line (``\\n`` excluded) -> normalized row, or a reject: over ``max_bytes``,
+        invalid UTF-8, bad JSON, JSON nested too deeply, or a row that fails validation. Never raises."""
+        if isinstance(line, bytes):
+            if len(line) > max_bytes:
+                return self.reject(
+                    f"row too large: {len(line)} bytes > data.max_row_bytes={max_bytes}; raise it or split the row",
+                    line[:2000].decode("utf-8", "replace"),
+                )
+            try:
+                line = line.removesuffix(b"\r").decode("utf-8")
+            except UnicodeDecodeError as err:
+                raw = line[:2000].decode("utf-8", "replace")
+                return self.reject(f"invalid UTF-8: byte {err.start} of the line; re-encode the file as UTF-8", raw)
         try:
             row = json.loads(line)
         except json.JSONDecodeError as err:
-            return reject(f"bad JSON: {err.msg} at column {err.colno}", line[:2000], self.columns)
-        return self.normalize(row)
+            return self.reject(f"bad JSON: {err.msg} at column {err.colno}", line[:2000])
+        except RecursionError:
+            return self.reject(f"bad JSON: {MAX_DEPTH_HINT}", line[:2000])
+        return self.checked(row, line[:2000])
+
+    def checked(self, row: Any, raw: str) -> dict[str, str]:
+        """``normalize(row)``; a row it cannot handle at all is a reject, not an error."""
+        try:
+            return self.normalize(row)
+        except RecursionError:
+            return self.reject(f"bad row: {MAX_DEPTH_HINT}", raw)
+        except (TypeError, ValueError, AttributeError) as err:
+            return self.reject(f"bad row: {type(err).__name__}: {err}", raw)
+
+    def reject(self, reason: str, raw: str) -> dict[str, str]:
+        return reject(reason, raw, self.columns)
 
 
 def qa_schema(prompt_field: str, answer_field: str) -> RowSchema:

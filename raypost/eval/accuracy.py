@@ -60,12 +60,18 @@ def accuracy(
         model, [r["prompt_ids"] for r in rows], tok.pad_token_id, tok.eos_token_id, max_new_tokens, batch_size
     )
     texts = tok.batch_decode(comps, skip_special_tokens=True)
-    hits = [answers_match(t, r["answer"], extract) for t, r in zip(texts, rows)]
+    verdicts = [answers_match(t, r["answer"], extract) for t, r in zip(texts, rows)]
+    hits = [bool(v) for v in verdicts]  # no verdict (a timed-out symbolic check): not counted correct
     samples = [
         {"answer": r["answer"], "completion": t, "correct": h}
         for r, t, h in list(zip(rows, texts, hits))[:keep_samples]
     ]
-    return {"accuracy": sum(hits) / max(1, len(hits)), "n": len(hits), "samples": samples}
+    return {
+        "accuracy": sum(hits) / max(1, len(hits)),
+        "n": len(hits),
+        "unverified": verdicts.count(None),
+        "samples": samples,
+    }
 
 
 def remote_accuracy(
@@ -88,10 +94,12 @@ def rollout_accuracy(
     """Greedy exact-match accuracy through the rollout replicas (vLLM), at their current weights."""
     outs = client.generate([r["prompt_ids"] for r in rows], 1, {"temperature": 0.0, "max_tokens": max_new_tokens})
     texts = [o["completions"][0]["text"] for o in outs]
-    hits = [answers_match(t, r["answer"], extract) for t, r in zip(texts, rows)]
+    verdicts = [answers_match(t, r["answer"], extract) for t, r in zip(texts, rows)]
+    hits = [bool(v) for v in verdicts]
     return {
         "accuracy": sum(hits) / max(1, len(hits)),
         "n": len(hits),
+        "unverified": verdicts.count(None),
         "weight_version": outs[0]["version"],
         "samples": [
             {"answer": r["answer"], "completion": t, "correct": h}

@@ -42,6 +42,7 @@ def start_run(cfg: Any, verbose: bool = True) -> Path:
     from raypost.utils.runlock import hold_run
 
     setup_logging()
+    check_data_inputs(cfg)
     run_dir = make_run_dir(cfg.run)
     run_dir.mkdir(parents=True, exist_ok=True)
     hold_run(run_dir, cfg.run.lock_wait_s)  # one driver per run folder, for this process's life
@@ -57,6 +58,25 @@ def start_run(cfg: Any, verbose: bool = True) -> Path:
         log.info("fetched %d files of %s from %s into %s", fetched, cfg.run.name, cfg.run.storage_path, run_dir)
     dump_yaml(cfg, run_dir / "config.yaml")
     return run_dir
+
+
+def data_sections(cfg: Any) -> list[DataConfig]:
+    """Every ``DataConfig`` in ``cfg``, at any depth (a pipeline's data, a teacher's data)."""
+    from pydantic import BaseModel
+
+    if isinstance(cfg, DataConfig):
+        return [cfg]
+    if not isinstance(cfg, BaseModel):
+        return []
+    return [d for name in type(cfg).model_fields for d in data_sections(getattr(cfg, name))]
+
+
+def check_data_inputs(cfg: Any) -> None:
+    """Before Ray starts: every data section's files exist and its HF dataset loads (ConfigError)."""
+    from raypost.data.sources import check_inputs
+
+    for section in data_sections(cfg):
+        check_inputs(section)
 
 
 def base_model(cfg: ModelConfig, train_rows: ray.data.Dataset, out_dir: Path) -> str:

@@ -144,7 +144,7 @@ def check_placement(cfg: DistillConfig) -> None:
     """The run's peak fits the cluster; on-policy: the pushed student weights can reach its replica."""
     from raypost.train.trainer import worker_resources
     from raypost.utils.cluster import check_one_node, check_resources
-    from raypost.weights import check_weight_path
+    from raypost.weights import check_weight_path, default_transport
 
     check_resources({"resources (learner) or the teacher (distill.teacher_cpus, rollout)": peak_request(cfg)})
     worker = worker_resources(cfg.resources)
@@ -157,6 +157,7 @@ def check_placement(cfg: DistillConfig) -> None:
         }
         check_one_node(replica, "rollout replica (rollout.cpus_per_replica, gpus_per_replica, ray_resources)")
     if cfg.distill.mode == "on_policy":
+        default_transport(cfg.rollout)
         check_weight_path(cfg.rollout, worker, replica)
 
 

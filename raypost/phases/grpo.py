@@ -22,7 +22,7 @@ from raypost.train.grpo_loop import grpo_loop
 from raypost.train.loop import LoopConfig
 from raypost.train.trainer import fit, learner_request, worker_resources
 from raypost.utils.cluster import check_one_node, check_resources
-from raypost.weights import WeightChannel, check_weight_path, open_channel
+from raypost.weights import WeightChannel, check_weight_path, default_transport, open_channel
 
 log = logging.getLogger("raypost")
 COLOCATED_CPUS = 0.01  # colocated: Serve replicas reserve a token share and take turns with the learner
@@ -76,12 +76,14 @@ def placement_requests(cfg: GRPOConfig) -> dict[str, dict[str, float]]:
 
 def check_placement(cfg: GRPOConfig) -> None:
     """The whole run fits the cluster, each worker and replica fits one node, and the weight
-    channel can reach the replicas; raises ResourceError naming the settings."""
+    channel can reach the replicas (an unset one is picked for the cluster); raises ResourceError
+    naming the settings."""
     check_resources(placement_requests(cfg))
     worker = worker_resources(cfg.resources)
     replica = {"CPU": serve_resources(cfg)[0], "GPU": cfg.rollout.gpus_per_replica, **cfg.rollout.ray_resources}
     check_one_node(worker, "learner worker (resources.cpus_per_worker, gpus_per_worker, ray_resources)")
     check_one_node(replica, "rollout replica (rollout.cpus_per_replica, gpus_per_replica, ray_resources)")
+    default_transport(cfg.rollout)
     check_weight_path(cfg.rollout, worker, replica)
 
 
@@ -92,8 +94,8 @@ def app_names(cfg: GRPOConfig) -> dict[str, str]:
 
 
 def apps(cfg: GRPOConfig, model_path: str) -> list[App]:
-    """The job's Serve apps: "<run>-rollout" (vLLM replicas serving the pushed weights) and
-    "<run>-reward", routed at /<run>/rollout and /<run>/reward."""
+    """The job's Serve apps: "<run>-rollout" (vLLM replicas serving the pushed weights; handles
+    only, no HTTP route) and "<run>-reward" (also at /<run>/reward, behind reward.auth_token)."""
     rollout_cpus, reward_cpus = serve_resources(cfg)
     rollout_cfg = cfg.rollout.model_copy(update={"cpus_per_replica": rollout_cpus})
     reward_cfg = cfg.reward.model_copy(update={"cpus_per_replica": reward_cpus})
@@ -104,7 +106,7 @@ def apps(cfg: GRPOConfig, model_path: str) -> list[App]:
         return build_app(reward_cfg)
 
     names, run = app_names(cfg), cfg.run.name
-    rollout = serve_apps.rollout(names["rollout"], model_path, rollout_cfg, weight_channel(cfg), f"/{run}/rollout")
+    rollout = serve_apps.rollout(names["rollout"], model_path, rollout_cfg, weight_channel(cfg))
     return [rollout, App(names["reward"], reward, f"/{run}/reward")]
 
 

@@ -57,7 +57,7 @@ def _rows(
         if len(row["prompt_ids"]) + len(ids) > max_seq_len:
             too_long += 1
             continue
-        hit = answers_match(out["text"], row["answer"], extract)
+        hit = bool(answers_match(out["text"], row["answer"], extract))  # no verdict: not correct
         correct += hit
         rows.append({**row, "solution": out["text"], "completion_ids": ids, "teacher_correct": hit})
     counts = {

@@ -52,7 +52,8 @@ class SymbolicChecker:
         self._lock = threading.Lock()
 
     def equal(self, gold: str, pred: str) -> bool | None:
-        """Whether ``pred`` equals ``gold`` symbolically; None if the check timed out or failed."""
+        """Whether ``pred`` equals ``gold`` symbolically; None if the check timed out (no verdict),
+        False if math-verify could not compare them."""
         try:
             if threading.current_thread() is threading.main_thread():
                 return _verify(gold, pred, self.timeout_s)
@@ -66,9 +67,9 @@ class SymbolicChecker:
                 gold[:80],
             )
             return None
-        except Exception as err:  # noqa: BLE001 - math-verify's own failure is "unknown", said by the caller
+        except Exception as err:  # noqa: BLE001 - math-verify could not read one of them: no match
             log.debug("math-verify failed on %r vs %r: %s", pred[:80], gold[:80], err)
-            return None
+            return False
 
     def _in_worker(self, gold: str, pred: str) -> bool | None:
         with self._lock:  # one check at a time in the one worker: its time is its own

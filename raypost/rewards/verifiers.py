@@ -25,11 +25,12 @@ def _text(completion: Any) -> str:
     return str(completion)
 
 
-def answers_match(completion: str, gold: str, extract: str = "strict") -> bool:
+def answers_match(completion: str, gold: str, extract: str = "strict") -> bool | None:
     """The completion's final answer equals the gold answer: exact after normalization, else
     math-verify's symbolic equivalence (e.g. '0.5' vs '1/2'). ``gold`` is a final answer or a
     whole worked solution (its '####' segment counts). ``extract``: how the completion's answer
-    is read (``raypost.data.answers.extract_answer``: 'strict' '#### n' or 'flexible')."""
+    is read (``raypost.data.answers.extract_answer``: 'strict' '#### n' or 'flexible'). None: the
+    symbolic check ran out of time, so there is no verdict."""
     segment = extract_answer(completion, extract)
     if segment is None:
         return False
@@ -38,7 +39,7 @@ def answers_match(completion: str, gold: str, extract: str = "strict") -> bool:
         return True
     if _PLAIN.fullmatch(pred) and _PLAIN.fullmatch(gold_n):
         return float(pred) == float(gold_n)  # two plain numbers: no symbolic form to compare
-    return bool(symbolic_checker().equal(gold_n, pred))  # None (timed out, failed): no match
+    return symbolic_checker().equal(gold_n, pred)
 
 
 @functools.lru_cache(maxsize=1)
@@ -50,11 +51,13 @@ def symbolic_checker() -> SymbolicChecker:
 
 def accuracy_reward(
     prompts: list[Any], completions: list[Any], answer: list[str], extract: str = "strict", **kwargs: Any
-) -> list[float]:
+) -> list[float | None]:
     """1.0 when the completion's final answer matches ``answer`` (GSM8K and the synthetic task).
     ``extract='strict'`` reads only a '#### n' line; 'flexible' also \\boxed{}, "the answer is n"
-    and the last number (a reward spec's ``kwargs: {extract: flexible}``)."""
-    return [1.0 if answers_match(_text(c), a, extract) else 0.0 for c, a in zip(completions, answer)]
+    and the last number (a reward spec's ``kwargs: {extract: flexible}``). None (TRL's "no opinion")
+    where the symbolic check timed out: the sum counts it as 0, and the score says it was not made."""
+    verdicts = [answers_match(_text(c), a, extract) for c, a in zip(completions, answer)]
+    return [None if v is None else float(v) for v in verdicts]
 
 
 def format_reward(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:

@@ -1,9 +1,10 @@
 """Serve apps on their own: the reward service and the vLLM rollout replicas.
 
 ``raypost serve-reward`` / ``raypost serve-rollout`` run one until Ctrl-C (127.0.0.1 unless
---host says otherwise; the reward service takes a bearer token from --auth_token or
-RAYPOST_REWARD_TOKEN). With ``serve run`` or a serveConfigV2 (KubeRay), the builders take
-dotted keys: ``serve run raypost.serve.entry:reward_app model.path=PATH port=8000``.
+--host says otherwise). Each takes a bearer token from its environment (RAYPOST_REWARD_TOKEN,
+RAYPOST_ROLLOUT_TOKEN) or from --auth_token (seen by ps: prefer the environment). With
+``serve run`` or a serveConfigV2 (KubeRay), the builders take dotted keys:
+``serve run raypost.serve.entry:reward_app model.path=PATH port=8000``.
 Rollout weights are pushed through the app's weight channel (``raypost.weights``, named by
 ``weights_key``): every replica, new or restarted, serves the latest version.
 """
@@ -15,7 +16,7 @@ from typing import Any
 from pydantic import Field
 
 from raypost.config import build, load_config
-from raypost.config.base import deep_merge, parse_overrides
+from raypost.config.base import Secret, deep_merge, parse_overrides
 from raypost.config.serve import RewardServiceConfig, RolloutConfig
 
 REWARD_ALIASES = {"model": "model.path", "token": "auth_token"}
@@ -50,6 +51,11 @@ class RolloutAppConfig(RolloutConfig):
     model: str = Field(..., min_length=1, description="HF model path or id served by the replicas.")
     host: str = Field("127.0.0.1", min_length=1, description="HTTP bind address.")
     port: int = Field(8001, ge=1, le=65535, description="HTTP port.")
+    auth_token: Secret | None = Field(
+        None,
+        description="Bearer token required on HTTP. Prefer the RAYPOST_ROLLOUT_TOKEN environment variable: "
+        "a token on the command line is seen by ps and job logs.",
+    )
     weights_key: str = Field(
         "rollout",
         min_length=1,
@@ -58,11 +64,13 @@ class RolloutAppConfig(RolloutConfig):
     )
 
 
-def _split(cfg: RolloutAppConfig) -> tuple[str, RolloutConfig, Any]:
+def _split(cfg: RolloutAppConfig) -> tuple[str, RolloutConfig, Any, str | None]:
     from raypost.weights import open_channel
 
-    rollout = RolloutConfig.model_validate(cfg.model_dump(exclude={"model", "host", "port", "weights_key"}))
-    return cfg.model, rollout, open_channel(rollout, cfg.weights_key)
+    own = {"model", "host", "port", "weights_key", "auth_token"}
+    rollout = RolloutConfig.model_validate(cfg.model_dump(exclude=own))
+    token = cfg.auth_token.get_secret_value() if cfg.auth_token is not None else None
+    return cfg.model, rollout, open_channel(rollout, cfg.weights_key), token
 
 
 def rollout_app(args: dict[str, Any]):

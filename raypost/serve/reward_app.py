@@ -14,7 +14,6 @@ naming the reward function that failed; the replica keeps serving.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import os
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ from ray import serve
 
 from raypost.config.serve import RewardServiceConfig
 from raypost.rewards.compose import RewardFunctionError, WeightedReward, resolve, score_items
+from raypost.serve.auth import check_bearer, read_body
 from raypost.serve.schemas import OpenRLHFRequest, RewardRequest, describe
 
 api = FastAPI(title="raypost reward service")
@@ -35,8 +35,8 @@ api = FastAPI(title="raypost reward service")
 @serve.deployment
 @serve.ingress(api)
 class RewardService:
-    def __init__(self, config: dict[str, Any]) -> None:
-        self.cfg = RewardServiceConfig.model_validate(config)
+    def __init__(self, config: dict[str, Any], token: str | None = None) -> None:
+        self.cfg = RewardServiceConfig.model_validate(config)  # without its token: JSON dumps drop secrets
         self.rewards = [
             WeightedReward(r.name, resolve(r.fn), r.weight, r.conversational, r.kwargs) for r in self.cfg.rewards
         ]
@@ -48,7 +48,7 @@ class RewardService:
                 self.cfg.model.path, self.cfg.model.max_length, threads=max(1, int(self.cfg.cpus_per_replica))
             )
             self.rewards.append(WeightedReward(self.cfg.model.name, rm.as_reward_fn(), self.cfg.model.weight))
-        self.token = self.cfg.auth_token or os.environ.get("RAYPOST_REWARD_TOKEN") or None
+        self.token = token or os.environ.get("RAYPOST_REWARD_TOKEN") or None
         self._batch.set_max_batch_size(self.cfg.max_batch_size)
         self._batch.set_batch_wait_timeout_s(self.cfg.batch_wait_timeout_s)
 
@@ -85,17 +85,14 @@ class RewardService:
 
     # ---- HTTP --------------------------------------------------------------------------
     async def _parse(self, request: Request, schema: type) -> Any:
-        if self.token is not None:
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
-                raise HTTPException(401, "missing or wrong bearer token (header 'Authorization: Bearer <token>')")
-        body = await request.body()
-        if len(body) > self.cfg.max_body_bytes:
-            raise HTTPException(413, f"body of {len(body)} bytes is over the limit of {self.cfg.max_body_bytes}")
+        check_bearer(request.headers.get("authorization"), self.token)
+        body = await read_body(request, self.cfg.max_body_bytes)
         try:
             data = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             raise HTTPException(400, f"malformed JSON: {err}") from None
+        except RecursionError:
+            raise HTTPException(400, "malformed JSON: nested too deeply") from None
         if not isinstance(data, dict):
             raise HTTPException(422, f"body: expected a JSON object, got {type(data).__name__}")
         try:
@@ -127,7 +124,8 @@ class RewardService:
         return await self._respond(prompts, responses, req.labels, None)
 
     @api.get("/health")
-    async def health(self) -> dict[str, Any]:
+    async def health(self, request: Request) -> dict[str, Any]:
+        check_bearer(request.headers.get("authorization"), self.token)
         return {"status": "ok", "rewards": [r.name for r in self.rewards]}
 
 
@@ -145,4 +143,5 @@ def build_app(cfg: RewardServiceConfig) -> serve.Application:
         }
     else:
         options["num_replicas"] = cfg.num_replicas
-    return RewardService.options(**options).bind(cfg.model_dump(mode="json"))
+    token = cfg.auth_token.get_secret_value() if cfg.auth_token is not None else None
+    return RewardService.options(**options).bind(cfg.model_dump(mode="json"), token)

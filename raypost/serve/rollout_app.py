@@ -4,7 +4,10 @@ Handle API: ``generate(prompt_ids, n, sampling) -> [{"completions": [{token_ids,
 finish_reason, text}], "version"}]`` (one entry per prompt). Logprobs are vLLM's
 ``processed_logprobs``: of the distribution actually sampled (after temperature), which
 is the behaviour policy GRPO's importance ratios need.
-HTTP: ``POST /v1/completions`` (OpenAI-compatible subset), ``GET /health``.
+HTTP (the app on its own, ``raypost serve-rollout``; a training run's rollout app has no HTTP
+route): ``POST /v1/completions`` (OpenAI-compatible subset) and ``GET /health``, behind a bearer
+token when one is set (``RAYPOST_ROLLOUT_TOKEN``). ``n``, ``seed``, ``stop`` and the prompt are
+bounded before anything reaches the engine.
 
 Weights: before serving a request a replica asks its weight channel (``raypost.weights``, when
 the app was given one) for the newest version; when a different version is published it waits for
@@ -18,18 +21,21 @@ import asyncio
 import os
 import time
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, Header, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 
 from raypost.config.serve import RolloutConfig
 from raypost.models.named import resolve
+from raypost.serve.auth import check_bearer
 from raypost.weights import WeightChannel
 
 api = FastAPI(title="raypost rollout")
 EXTENSION = "raypost.weights.vllm_ext.WeightReloadExtension"
+MAX_N = 64  # completions per HTTP request: more is a batch job, not a request
+CHARS_PER_TOKEN = 32  # a text prompt longer than max_model_len x this is refused before tokenizing
 
 
 class Sampling(BaseModel):
@@ -39,14 +45,14 @@ class Sampling(BaseModel):
     temperature: float = Field(1.0, ge=0.0, le=10.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_tokens: int = Field(64, ge=1, le=1_000_000)
-    stop: list[str] | None = None
-    seed: int | None = None
+    stop: list[Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(None, max_length=16)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)  # torch's generator takes no more
 
 
 class CompletionRequest(Sampling):
     model_config = ConfigDict(extra="ignore")  # OpenAI clients send fields we do not use (user, stream=false...)
-    prompt: str | list[int]
-    n: int = Field(1, ge=1, le=1024)
+    prompt: str | list[Annotated[int, Field(ge=0)]]
+    n: int = Field(1, ge=1, le=MAX_N)
 
 
 def _cpu_engine_env(cfg: RolloutConfig) -> None:
@@ -110,8 +116,11 @@ def _core_range(part: str) -> range:
 @serve.deployment
 @serve.ingress(api)
 class RolloutServer:
-    def __init__(self, model_path: str, config: dict[str, Any], channel: WeightChannel | None = None) -> None:
+    def __init__(
+        self, model_path: str, config: dict[str, Any], channel: WeightChannel | None = None, token: str | None = None
+    ) -> None:
         self.cfg = RolloutConfig.model_validate(config)
+        self.token = token or os.environ.get("RAYPOST_ROLLOUT_TOKEN") or None
         if self.cfg.gpus_per_replica == 0:
             _cpu_engine_env(self.cfg)
         from vllm import AsyncEngineArgs
@@ -249,10 +258,26 @@ class RolloutServer:
         await self._ensure_latest()
         return self.version
 
+    def _prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        """The prompt's token ids; 413 for a text too long to tokenize, 422 for ids out of range."""
+        limit = self.cfg.max_model_len
+        if isinstance(prompt, str) and len(prompt) > limit * CHARS_PER_TOKEN:
+            raise HTTPException(413, f"prompt of {len(prompt)} characters cannot fit max_model_len {limit}")
+        if isinstance(prompt, list) and len(prompt) > limit:
+            raise HTTPException(422, f"prompt of {len(prompt)} tokens exceeds max_model_len {limit}")
+        if isinstance(prompt, list):
+            vocab = self.engine.model_config.get_vocab_size()
+            if prompt and max(prompt) >= vocab:
+                raise HTTPException(422, f"prompt: token id {max(prompt)} is outside the vocabulary (size {vocab})")
+            return prompt
+        return self.engine.get_tokenizer()(prompt, add_special_tokens=False)["input_ids"]
+
     @api.post("/v1/completions")
-    async def completions(self, req: CompletionRequest) -> dict[str, Any]:
-        tok = self.engine.get_tokenizer()
-        ids = req.prompt if isinstance(req.prompt, list) else tok(req.prompt, add_special_tokens=False)["input_ids"]
+    async def completions(
+        self, req: CompletionRequest, authorization: Annotated[str | None, Header()] = None
+    ) -> dict[str, Any]:
+        check_bearer(authorization, self.token)
+        ids = self._prompt_ids(req.prompt)
         if len(ids) + req.max_tokens > self.cfg.max_model_len:
             raise HTTPException(
                 422,
@@ -288,7 +313,8 @@ class RolloutServer:
             raise RuntimeError(f"this replica is stuck: {self._broken}")
 
     @api.get("/health")
-    async def health(self) -> dict[str, Any]:
+    async def health(self, authorization: Annotated[str | None, Header()] = None) -> dict[str, Any]:
+        check_bearer(authorization, self.token)
         return {"status": "ok", "weight_version": self.version}
 
     def __del__(self) -> None:
@@ -300,9 +326,11 @@ class RolloutServer:
             chan.release()  # what it holds for its engine's workers
 
 
-def build_app(model_path: str, cfg: RolloutConfig, channel: WeightChannel | None = None) -> serve.Application:
+def build_app(
+    model_path: str, cfg: RolloutConfig, channel: WeightChannel | None = None, token: str | None = None
+) -> serve.Application:
     """vLLM replicas of ``model_path`` as ``cfg`` says, loading the versions pushed through
-    ``channel`` (None: the model as loaded)."""
+    ``channel`` (None: the model as loaded); HTTP needs ``token`` (or RAYPOST_ROLLOUT_TOKEN) when set."""
     resources: dict[str, Any] = {"num_cpus": cfg.cpus_per_replica}
     if cfg.ray_resources:
         resources["resources"] = dict(cfg.ray_resources)
@@ -331,5 +359,5 @@ def build_app(model_path: str, cfg: RolloutConfig, channel: WeightChannel | None
             )
         }
     return RolloutServer.options(**scale, **placement, ray_actor_options=resources, max_ongoing_requests=1024).bind(
-        model_path, cfg.model_dump(mode="json"), channel
+        model_path, cfg.model_dump(mode="json"), channel, token
     )

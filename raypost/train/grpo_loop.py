@@ -35,10 +35,12 @@ def _rollout_metrics(groups: list[G.Group]) -> dict[str, float]:
     samples = [s for g in groups for s in g.samples]
     rewards = torch.tensor([s.reward for s in samples])
     acc = [s.scores.get("accuracy") for s in samples if s.scores.get("accuracy") is not None]
-    per_reward = {
-        f"score_{name}": sum(s.scores[name] for s in samples) / len(samples)
-        for name in sorted({k for s in samples for k in s.scores})
-    }
+    per_reward: dict[str, float] = {}
+    for name in sorted({k for s in samples for k in s.scores}):
+        made = [s.scores[name] for s in samples if s.scores.get(name) is not None]
+        per_reward[f"score_{name}"] = sum(made) / len(made) if made else float("nan")
+        if len(made) < len(samples):  # a reward with no verdict (a timed-out check, TRL's None)
+            per_reward[f"unscored_{name}"] = (len(samples) - len(made)) / len(samples)
     return {
         "reward_mean": float(rewards.mean()),
         "reward_std": float(rewards.std()),

@@ -50,7 +50,7 @@ def collect(ctx: dict[str, Any], cfg: DistillConfig, pushed: int) -> tuple[list[
             sample_id=f"{r['id']}#{i}",
             train=len(c["token_ids"]) > 0,
             version=o["version"],
-            correct=answers_match(c["text"], r["answer"], cfg.eval.extract),
+            correct=bool(answers_match(c["text"], r["answer"], cfg.eval.extract)),
         )
         for r, o in zip(rows, outs)
         for i, c in enumerate(o["completions"])

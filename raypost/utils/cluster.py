@@ -91,14 +91,21 @@ def check_one_node(request: Mapping[str, float], what: str) -> None:
         )
 
 
-def check_same_node_possible(learner: Mapping[str, float], replica: Mapping[str, float], why: str) -> None:
-    """Raise ResourceError when no node could hold both a learner worker and a replica: ``why``
-    says what needs them together and how to avoid it."""
-    if not nodes_that_fit(learner) & nodes_that_fit(replica):
-        shown = [{k: v for k, v in r.items() if v} for r in (learner, replica)]
+def check_same_node_possible(learner: Mapping[str, float], replicas: Mapping[str, float], why: str) -> None:
+    """Raise ResourceError when no node could hold a learner worker and ``replicas`` (what every
+    replica that must share its node asks for, summed) at once: ``why`` says what needs them
+    together and how to avoid it."""
+    both = {k: learner.get(k, 0.0) + replicas.get(k, 0.0) for k in {*learner, *replicas}}
+    if not nodes_that_fit(both):
+        shown = [{k: v for k, v in r.items() if v} for r in (learner, replicas, both)]
         raise ResourceError(
-            f"no node can hold both a learner worker ({shown[0]}) and a rollout replica ({shown[1]}): {why}"
+            f"no node can hold a learner worker ({shown[0]}) and the rollout replicas ({shown[1]}) together "
+            f"({shown[2]}): {why}"
         )
+
+
+def alive_nodes() -> int:
+    return sum(1 for n in ray.nodes() if n["Alive"])
 
 
 def actor_table(job_id: str | None = None) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ is the engine workers' end, dispatching on the transport through the registry.
 
 from raypost.weights import collective, object_store, shm  # noqa: F401 - each registers its transport
 from raypost.weights.channel import NAMESPACE, TRANSPORTS, WeightBoard, WeightChannel, open_channel
-from raypost.weights.shm import check_weight_path
+from raypost.weights.shm import check_weight_path, default_transport
 from raypost.weights.specs import Spec, WeightsNotReachedError, check_served, specs_of
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "WeightsNotReachedError",
     "check_served",
     "check_weight_path",
+    "default_transport",
     "open_channel",
     "specs_of",
 ]

@@ -17,14 +17,21 @@ per transfer: about a millisecond with gloo. gloo carries CPU buffers; with ``ba
 each bucket is copied to the learner's GPU as it is sent, the receivers' buckets live on their GPUs,
 and NCCL carries them (not yet run on a GPU).
 
-Only JSON and raw tensor bytes cross the wire: nothing is unpickled.
+Only JSON and raw tensor bytes cross the wire: nothing is unpickled. The store has no auth of its
+own, so each server makes a token and files it with its address on the board (inside Ray, behind
+Ray's own auth). A request must carry ``proof(token, ticket)`` or it is refused, and a ticket's
+header and group keys sit under a prefix derived from the token: a client of the port without the
+token can neither ask for weights nor find a transfer to join. Keep the port inside the cluster.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -57,9 +64,19 @@ def buckets_of(meta: list[tuple[str, str, list[int], int, int]], bucket_bytes: i
     return out
 
 
-def _group(store: Any, ticket: int, rank: int, size: int, backend: str, timeout_s: float) -> Any:
-    """A process group of ``size`` ranks for one transfer, met through ``store`` under the ticket."""
-    prefix = dist.PrefixStore(f"g{ticket}/pg/", store)
+def proof(token: str, what: str) -> str:
+    """What only a holder of the server's token can write for ``what`` (a ticket's request or scope)."""
+    return hmac.new(token.encode(), what.encode(), hashlib.sha256).hexdigest()
+
+
+def scope(token: str, ticket: int) -> str:
+    """The store prefix of a ticket's header and group: unguessable without the token."""
+    return "g" + proof(token, f"scope/{ticket}")[:32]
+
+
+def _group(store: Any, prefix: str, rank: int, size: int, backend: str, timeout_s: float) -> Any:
+    """A process group of ``size`` ranks for one transfer, met through ``store`` under ``prefix``."""
+    prefix = dist.PrefixStore(f"{prefix}/pg/", store)
     if backend == "nccl":
         return dist.ProcessGroupNCCL(prefix, rank, size)
     return dist.ProcessGroupGloo(prefix, rank, size, timedelta(seconds=timeout_s))
@@ -86,7 +103,8 @@ class WeightServer:
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         self.ticket_wait_s = ticket_wait_s  # a ticket taken but never filed (its replica died) is skipped
         self.store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(days=30))
-        self.address = {"host": host, "port": self.store.port, "backend": backend}
+        self.token = secrets.token_hex(16)
+        self.address = {"host": host, "port": self.store.port, "backend": backend, "token": self.token}
         self._offer: dict[str, Any] | None = None
         self._lock = threading.Lock()
         self._sending: dict[int, int] = {}  # id of a buffer: transfers of it in flight
@@ -127,16 +145,19 @@ class WeightServer:
     def stop(self) -> None:
         """Serve the tickets already taken, then end the thread."""
         ticket = self.store.add("ticket", 1)
-        self.store.set(f"req/{ticket}", json.dumps({STOP: True}))
+        self.store.set(f"req/{ticket}", json.dumps({STOP: True, "proof": proof(self.token, f"req/{ticket}")}))
         self._thread.join(timeout=self.timeout_s)
 
     def _serve(self) -> None:
         ticket = 1
         while True:
             req = self._next_request(ticket)
-            if req is not None and req.get(STOP):
+            if req is not None and not hmac.compare_digest(str(req.get("proof")), proof(self.token, f"req/{ticket}")):
+                log.warning("weight server: ticket %d came without this run's token; refused", ticket)
+                self.sent = [*self.sent[-99:], {"ticket": ticket, "version": None, "error": "refused: no token"}]
+            elif req is not None and req.get(STOP):
                 return
-            if req is not None:
+            elif req is not None:
                 self._send(ticket, int(req["workers"]))
             ticket += 1
 
@@ -151,7 +172,11 @@ class WeightServer:
                     log.warning("weight server: ticket %d was taken but never filed; skipped", ticket)
                     return None
             time.sleep(0.02)
-        return json.loads(self.store.get(key))
+        try:
+            req = json.loads(self.store.get(key))
+        except ValueError:
+            return {}
+        return req if isinstance(req, dict) else {}
 
     def _send(self, ticket: int, workers: int) -> None:
         with self._lock:
@@ -176,18 +201,18 @@ class WeightServer:
             if offer is None:
                 raise RuntimeError("a replica asked for weights before the first version was offered")
             header = {k: offer[k] for k in ("version", "meta", "buckets")}
-            self.store.set(f"g{ticket}/offer", json.dumps(header))
+            self.store.set(f"{scope(self.token, ticket)}/offer", json.dumps(header))
             announced = True
             if self.backend == "nccl":
                 torch.cuda.set_device(self.device)  # this thread's NCCL device: the learner's
-            group = _group(self.store, ticket, 0, 1 + workers, self.backend, self.timeout_s)
+            group = _group(self.store, scope(self.token, ticket), 0, 1 + workers, self.backend, self.timeout_s)
             for lo, hi in offer["buckets"]:  # with NCCL, one bucket at a time on the GPU
                 _broadcast(group, offer["buf"][lo:hi].to(self.device))
         except Exception as e:  # noqa: BLE001 - a receiver that died fails its own transfer only
             record["error"] = f"{type(e).__name__}: {e}"
             log.warning("weight server: transfer %d (version %s) failed: %s", ticket, record["version"], e)
             if not announced:  # the replica is waiting for the header: it fails now, not at its timeout
-                self.store.set(f"g{ticket}/offer", json.dumps({"error": record["error"]}))
+                self.store.set(f"{scope(self.token, ticket)}/offer", json.dumps({"error": record["error"]}))
         record["seconds"] = time.perf_counter() - t0
         self.sent = [*self.sent[-99:], record]
 
@@ -197,8 +222,8 @@ def request(address: Mapping[str, Any], workers: int, timeout_s: float = 120.0) 
     the version it will send. Returns the ``source`` that the workers' ``receive`` takes."""
     store = dist.TCPStore(address["host"], address["port"], is_master=False, timeout=timedelta(seconds=timeout_s))
     ticket = store.add("ticket", 1)
-    store.set(f"req/{ticket}", json.dumps({"workers": workers}))
-    header = json.loads(store.get(f"g{ticket}/offer"))  # blocks while earlier tickets are served
+    store.set(f"req/{ticket}", json.dumps({"workers": workers, "proof": proof(address["token"], f"req/{ticket}")}))
+    header = json.loads(store.get(f"{scope(address['token'], ticket)}/offer"))  # waits while earlier tickets go
     if "error" in header:
         raise RuntimeError(f"learner rank 0's weight server could not send ticket {ticket}: {header['error']}")
     return {**address, "ticket": ticket, "workers": workers, "timeout_s": timeout_s, **header}
@@ -212,9 +237,8 @@ def receive(
     store = dist.TCPStore(
         source["host"], source["port"], is_master=False, timeout=timedelta(seconds=source["timeout_s"])
     )
-    group = _group(
-        store, source["ticket"], 1 + worker_rank, 1 + source["workers"], source["backend"], source["timeout_s"]
-    )
+    prefix = scope(source["token"], source["ticket"])
+    group = _group(store, prefix, 1 + worker_rank, 1 + source["workers"], source["backend"], source["timeout_s"])
     meta = iter(source["meta"])
     pending = next(meta, None)
     for lo, hi in source["buckets"]:

@@ -127,14 +127,31 @@ def remove_on(node: str, folder: Path, timeout_s: float = 60.0) -> None:
         logging.getLogger("raypost").warning("could not remove %s on node %s: %s", folder, node[:12], err)
 
 
+def default_transport(rollout: Any) -> None:
+    """``rollout.weights`` left unset: shm on a one-node cluster; on several, object_store, which
+    reaches a replica on any node (Serve may place one where shm cannot). Set it to choose."""
+    if "weights" in rollout.model_fields_set:
+        return
+    from raypost.utils.cluster import alive_nodes
+
+    if alive_nodes() > 1:
+        from raypost.config.weights import ObjectStoreWeights
+
+        rollout.weights = ObjectStoreWeights()
+        logging.getLogger("raypost").info(
+            "rollout.weights: object_store (the cluster has several nodes; set rollout.weights.transport to choose)"
+        )
+
+
 def check_weight_path(rollout: Any, learner_worker: Mapping[str, float], replica: Mapping[str, float]) -> None:
-    """Before anything starts: with node-local shm the replicas must be able to share learner
-    rank 0's node. (A run whose replicas still land elsewhere fails at its first stale group,
-    ``specs.check_served``.)"""
+    """Before anything starts: with node-local shm every replica must be able to share learner
+    rank 0's node, all at once. (A run whose replicas still land elsewhere fails at its first
+    stale group, ``specs.check_served``.)"""
     if rollout.weights.transport == "shm" and not rollout.weights.shared:
         from raypost.utils.cluster import check_same_node_possible
 
-        check_same_node_possible(learner_worker, replica, SHM_APART)
+        replicas = {k: v * rollout.num_replicas for k, v in replica.items()}
+        check_same_node_possible(learner_worker, replicas, SHM_APART)
 
 
 class VersionFiles:
@@ -155,13 +172,13 @@ class VersionFiles:
         self._maps: dict[tuple[int, int], mmap.mmap] = {}  # (device, inode) of a version file: its mapping
 
     def write(self, version: int, specs: Sequence[Spec], buckets: Iterable[Mapping[str, torch.Tensor]]) -> Path:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # the run's weights: this user's only
         path = self.dir / f"v{version}.safetensors"
         tmp = path.with_suffix(".tmp")
         old = sorted((v, p) for v, p in _versions(self.dir) if v <= version - self.keep)
         fd = _recycled(old.pop()[1], tmp) if old else None
         if fd is None:
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             _fill(self._mapping(fd, specs), specs, buckets)
             os.replace(tmp, path)

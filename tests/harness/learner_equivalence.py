@@ -210,6 +210,9 @@ CASES: dict[str, tuple[Callable[[int], list], str, Callable]] = {
     "dapo": (rl_rows, "lm", _grpo("dapo")),
     "dapo_decoupled": (rl_rows, "lm", _grpo("dapo", correction="decoupled")),
     "dr_grpo_kl": (rl_rows, "lm", _grpo("dr_grpo", beta=0.05)),
+    # ratios to the behaviour log-probs (correction none), so the sequence ratio and the IS weight matter
+    "gspo": (rl_rows, "lm", _grpo("gspo", correction="none")),
+    "cispo": (rl_rows, "lm", _grpo("cispo", correction="none")),
     "on_policy_reverse_kl": (lambda v: rl_rows(v, teacher=True), "lm", _on_policy("reverse_kl")),
     "on_policy_gkd": (lambda v: rl_rows(v, teacher=True), "lm", _on_policy("gkd")),
     "reward_model": (rm_rows, "rm", _rm),
