@@ -115,3 +115,18 @@ def test_missing_inputs_are_config_errors_before_ray(data, match, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ConfigError, match=match):
         check_data_inputs(DataConfig(**data))
+
+
+def test_hf_dataset_rows_name_their_dataset_split_and_row(ray_cluster, tmp_path: Path):
+    """An HF dataset (a local folder that ``datasets.load_dataset`` reads, as a hub id would be)."""
+    from raypost.data.sources import read_source
+
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    rows = [{"question": "2 + 2?", "answer": "#### 4"}, {"question": " ", "answer": "#### 1"}]
+    (folder / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    cfg = DataConfig(source="hf", path=str(folder), hf_split="train")
+    got = read_source(cfg, str(folder), "train").take_all()
+    assert [r["answer"] for r in got if not r["reject"]] == ["4"]
+    [bad] = [r for r in got if r["reject"]]
+    assert bad["where"] == f"{folder}[train]:2" and "is empty" in bad["reject"]

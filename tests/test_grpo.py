@@ -214,6 +214,8 @@ def test_grpo_job_learns_then_resumes_async_with_a_reward_model(cluster, tmp_pat
         # The learner's log-probs equal the replicas' behaviour log-probs of the same version, so
         # pi_learner / pi_behaviour stays at 1 (a stale or half-reloaded replica moves it).
         assert abs(r["behav_ratio_mean"] - 1.0) < 0.02, (r["step"], r["behav_ratio_mean"])
+        # The one replica acknowledged the version the step's samples came from.
+        assert (r["replicas_on_version"], r["replicas_seen"]) == (1, 1), r["step"]
     # Async: the producer generated the next batch while the learner trained, never 2 versions behind.
     assert max(r["staleness_max"] for r in grpo[LEARN_STEPS:]) == 1
     # The samples of the learner's current version (the first resumed batch is all of them: generated

@@ -88,7 +88,7 @@ def test_shm_weights_need_a_node_that_can_hold_learner_and_replica(monkeypatch, 
 
 
 def test_cpu_replica_engine_runs_in_one_process_bound_to_its_cores(monkeypatch):
-    from raypost.serve import rollout_app
+    from raypost.serve import engine_env
 
     for key in (
         "VLLM_ENABLE_V1_MULTIPROCESSING",
@@ -100,7 +100,7 @@ def test_cpu_replica_engine_runs_in_one_process_bound_to_its_cores(monkeypatch):
     ):  # all restored after the test
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0-1,3")
-    rollout_app._cpu_engine_env(RolloutConfig())
+    engine_env.cpu_engine_env(RolloutConfig())
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert (os.environ["OMP_PLACES"], os.environ["OMP_NUM_THREADS"], os.environ["OMP_PROC_BIND"]) == (
         "{0,1,3}",
@@ -108,9 +108,9 @@ def test_cpu_replica_engine_runs_in_one_process_bound_to_its_cores(monkeypatch):
         "true",
     )
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    assert rollout_app._replica_cores(RolloutConfig()) is None
+    assert engine_env.replica_cores(RolloutConfig()) is None
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "auto")
-    assert rollout_app._replica_cores(RolloutConfig(cpu_bind=False)) is None
+    assert engine_env.replica_cores(RolloutConfig(cpu_bind=False)) is None
 
 
 @pytest.mark.parametrize(
@@ -119,13 +119,13 @@ def test_cpu_replica_engine_runs_in_one_process_bound_to_its_cores(monkeypatch):
 def test_replica_r_of_r_gets_its_own_cores(monkeypatch, world, rank, cores, want):
     from types import SimpleNamespace
 
-    from raypost.serve import rollout_app
+    from raypost.serve import engine_env
 
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     ctx = SimpleNamespace(world_size=world, rank=SimpleNamespace(local_rank=rank))
-    monkeypatch.setattr(rollout_app.serve, "get_replica_context", lambda: ctx)
-    monkeypatch.setattr(rollout_app.os, "sched_getaffinity", lambda _pid: set(cores))
-    assert rollout_app._replica_cores(RolloutConfig()) == want
+    monkeypatch.setattr(engine_env.serve, "get_replica_context", lambda: ctx)
+    monkeypatch.setattr(engine_env.os, "sched_getaffinity", lambda _pid: set(cores))
+    assert engine_env.replica_cores(RolloutConfig()) == want
 
 
 def test_tensor_parallel_replicas_get_one_packed_placement_group():

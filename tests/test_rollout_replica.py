@@ -24,6 +24,7 @@ class FakeEngine:
         self.weights = 0
         self.errored = False
         self.fail_versions: set[int] = set()
+        self.load_s = 0.01
 
     async def collective_rpc(self, method: str, args: tuple) -> list[bool]:
         assert method == "raypost_load"
@@ -31,7 +32,7 @@ class FakeEngine:
             self.weights = -1  # half loaded
             raise ConnectionError("the learner's weight server went away mid-transfer")
         self.loaded.append((args[0]["version"], self.server._inflight))
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(self.load_s)
         self.weights = args[0]["version"]
         return [True]
 
@@ -51,6 +52,10 @@ class FakeChannel:
     def __init__(self) -> None:
         self.published = 0
         self.fetches = 0
+        self.acks: list[int] = []  # the versions the replica said it serves, in order
+
+    async def ack(self, replica: str, version: int) -> None:
+        self.acks.append(version)
 
     async def newer_than(self, have: int) -> bool:
         return self.published not in (0, have)
@@ -62,12 +67,12 @@ class FakeChannel:
         return self.published, {"transport": "fake", "version": self.published}
 
 
-def replica(channel: FakeChannel | None, gen_s: float = 0.05, drain_s: float = 30.0) -> Any:
+def replica(channel: FakeChannel | None, gen_s: float = 0.05, drain_s: float = 30.0, weight_s: float = 30.0) -> Any:
     """A RolloutServer built around the fakes, without its constructor (which starts vLLM)."""
     server = RolloutServer.func_or_class.__new__(RolloutServer.func_or_class)
     server.engine = FakeEngine(server, gen_s)
     server.channel, server.version, server._inflight, server._lock = channel, 0, 0, asyncio.Lock()
-    server.cfg, server._broken = SimpleNamespace(drain_timeout_s=drain_s), None
+    server.cfg, server._broken = SimpleNamespace(drain_timeout_s=drain_s, weight_timeout_s=weight_s), None
 
     async def sample(prompt_ids: list[int], n: int, s: Sampling) -> list[dict[str, Any]]:
         return await server.engine.sample(prompt_ids, n)
@@ -86,9 +91,11 @@ def test_a_new_version_waits_for_the_requests_in_flight_and_loads_once():
     async def run() -> None:
         chan = FakeChannel()
         server = replica(chan)
+        await server.generate([[1]], 1)
         chan.published = 1
         first = await asyncio.gather(*[server.generate([[1, 2]], 2) for _ in range(8)])
         assert server.engine.loaded == [(1, 0)] and server.engine.resets == 1  # eight requests, one load
+        assert chan.acks == [0, 1]  # each version acknowledged once, when it is served
         assert all(served_versions(o) == {(1, 1)} for o in first)
         # Requests in flight on version 1 when version 2 is published: they finish on version 1,
         # the load waits for them (0 in flight at the load), the next requests get version 2.
@@ -103,6 +110,7 @@ def test_a_new_version_waits_for_the_requests_in_flight_and_loads_once():
         # A learner resumed from an earlier checkpoint republishes version 1: the replica goes back.
         chan.published = 1
         assert await server.weight_version() == 1 and server.engine.loaded[-1] == (1, 0)
+        assert chan.acks == [0, 1, 2, 1]
 
     asyncio.run(run())
 
@@ -168,5 +176,24 @@ def test_a_fetch_that_finds_nothing_new_leaves_the_engine_alone():
         server = replica(chan)
         await asyncio.gather(*[server.generate([[1]], 1) for _ in range(3)])
         assert chan.fetches == 0 and server.engine.loaded == []  # nothing published: newer_than says so
+
+    asyncio.run(run())
+
+
+@pytest.mark.timeout(30)
+def test_a_load_that_hangs_fails_the_replica_at_its_deadline():
+    """A transfer that never completes (an NCCL broadcast whose sender died, a stuck fetch): past
+    rollout.weight_timeout_s the replica fails its health check instead of hanging its requests."""
+
+    async def run() -> None:
+        chan = FakeChannel()
+        server = replica(chan, weight_s=0.2)
+        server.engine.load_s = 3600
+        chan.published = 1
+        with pytest.raises(RuntimeError, match=r"timed out \(rollout.weight_timeout_s\)"):
+            await asyncio.wait_for(server.generate([[1]], 1), 5)
+        with pytest.raises(RuntimeError, match="this replica is stuck"):
+            await server.check_health()
+        assert server.version == 0
 
     asyncio.run(run())

@@ -84,9 +84,9 @@ def child(model: str, mode: str) -> dict:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if mode == "uniproc":
         from raypost.config.serve import RolloutConfig
-        from raypost.serve.rollout_app import _cpu_engine_env
+        from raypost.serve.engine_env import cpu_engine_env
 
-        _cpu_engine_env(RolloutConfig())  # VLLM_ENABLE_V1_MULTIPROCESSING=0 + OMP binding, as a replica
+        cpu_engine_env(RolloutConfig())  # VLLM_ENABLE_V1_MULTIPROCESSING=0 + OMP binding, as a replica
     return asyncio.run(_engine(model))
 
 

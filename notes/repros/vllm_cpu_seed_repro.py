@@ -7,7 +7,7 @@ discarded (a partial, chunked prefill) it rewinds the request's generator with
 "CPU Generator does not use offset", which the engine core treats as fatal. 16 prompts of 300
 tokens (4,800 tokens) do not fit one 2,048-token prefill step, so one is split.
 
-raypost's CPU replicas prefill whole prompts instead (``raypost.serve.rollout_app._prefill_args``).
+raypost's CPU replicas prefill whole prompts instead (``raypost.serve.engine_env.prefill_args``).
 
     .venv/bin/python -m benchmarks.vllm_cpu_seed_repro MODEL_DIR chunked   # EngineDeadError
     .venv/bin/python -m benchmarks.vllm_cpu_seed_repro MODEL_DIR whole     # prints OK

@@ -189,6 +189,13 @@ class RolloutConfig(StrictModel):
         description="Seconds a replica waits for its in-flight requests before a weight reload; past it the "
         "replica fails its health check (Serve replaces it) instead of mixing versions or waiting for ever.",
     )
+    weight_timeout_s: float = Field(
+        600.0,
+        gt=0.0,
+        le=86_400.0,
+        description="Seconds a weight version may take to publish (learner rank 0: an error naming the transport) "
+        "or to fetch and load (a replica: past it, it fails its health check and Serve replaces it).",
+    )
     stall_timeout_s: float = Field(
         1800.0,
         gt=0.0,

@@ -12,12 +12,13 @@ bounded before anything reaches the engine.
 Weights: before serving a request a replica asks its weight channel (``raypost.weights``, when
 the app was given one) for the newest version; when a different version is published it waits for
 its in-flight requests to finish (between requests, no interruption), reloads in place, resets
-the prefix cache, and serves on. CPU replicas prefill whole prompts (``_prefill_args``).
+the prefix cache, and serves on. CPU replicas prefill whole prompts (``engine_env.prefill_args``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 import uuid
@@ -30,6 +31,7 @@ from ray import serve
 from raypost.config.serve import RolloutConfig
 from raypost.models.named import resolve
 from raypost.serve.auth import check_bearer
+from raypost.serve.engine_env import cpu_engine_env, prefill_args, replica_name
 from raypost.weights import WeightChannel
 
 api = FastAPI(title="raypost rollout")
@@ -55,64 +57,6 @@ class CompletionRequest(Sampling):
     n: int = Field(1, ge=1, le=MAX_N)
 
 
-def _cpu_engine_env(cfg: RolloutConfig) -> None:
-    """A CPU replica runs vLLM's worker inside its engine-core process: uniproc executor, which
-    vLLM keeps on CPU only with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``. That is one spawned process
-    (and one vLLM import, ~13 s of CPU) fewer per replica, and generation is as fast
-    (benchmarks/RESULTS.md, "vLLM on CPU: one engine process"). vLLM binds OpenMP threads only for
-    its multiprocess executor, so the binding (``_replica_cores``) is set here through OpenMP's own
-    variables, which the engine process inherits."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    # Idle OpenMP threads sleep instead of spinning, so a learner or another replica on the same
-    # cores gets them between kernels. benchmarks/omp_wait_policy.py measures it.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.kv_cache_gb))))
-    mine = _replica_cores(cfg)
-    if mine:
-        os.environ.update(
-            {
-                "OMP_NUM_THREADS": str(len(mine)),
-                "OMP_PROC_BIND": "true",
-                "OMP_PLACES": "{" + ",".join(map(str, mine)) + "}",
-            }
-        )
-
-
-def _replica_cores(cfg: RolloutConfig) -> list[int] | None:
-    """The cores this replica's engine uses: ``VLLM_CPU_OMP_THREADS_BIND`` when set to a core list
-    ("0-3,6"; "nobind" = no binding), else with ``cpu_bind`` replica r of R on a node gets cores
-    [r*k, (r+1)*k) (vLLM's 'auto' would have put every replica on the same cores), else None."""
-    user = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
-    if user == "nobind":
-        return None
-    if user != "auto":
-        return [c for part in user.split(",") for c in _core_range(part)]
-    if not cfg.cpu_bind:
-        return None
-    ctx = serve.get_replica_context()
-    cores = sorted(os.sched_getaffinity(0))
-    local = ctx.rank.local_rank if ctx.rank is not None else 0
-    per = max(1, len(cores) // max(1, ctx.world_size))
-    start = (local * per) % len(cores)
-    return cores[start : start + per]
-
-
-def _prefill_args(cfg: RolloutConfig) -> dict[str, Any]:
-    """On CPU, prompts are prefilled whole: vLLM 0.32 rewinds a seeded request's torch generator
-    after a partial (chunked) prefill with ``Generator.set_offset``, which CPU generators do not
-    have, and the engine dies ("CPU Generator does not use offset", gpu_model_runner.py
-    ``_bookkeeping_sync``). A request with ``seed`` in a batch too big for one prefill step
-    killed the replica. Whole prefills need a token budget of at least ``max_model_len``."""
-    if cfg.gpus_per_replica:
-        return {}
-    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(cfg.max_model_len, 2048)}
-
-
-def _core_range(part: str) -> range:
-    lo, _, hi = part.strip().partition("-")
-    return range(int(lo), int(hi or lo) + 1)
-
-
 @serve.deployment
 @serve.ingress(api)
 class RolloutServer:
@@ -122,7 +66,7 @@ class RolloutServer:
         self.cfg = RolloutConfig.model_validate(config)
         self.token = token or os.environ.get("RAYPOST_ROLLOUT_TOKEN") or None
         if self.cfg.gpus_per_replica == 0:
-            _cpu_engine_env(self.cfg)
+            cpu_engine_env(self.cfg)
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -130,7 +74,7 @@ class RolloutServer:
             model=resolve(model_path),
             dtype=self.cfg.dtype,
             max_model_len=self.cfg.max_model_len,
-            **_prefill_args(self.cfg),
+            **prefill_args(self.cfg),
             max_num_seqs=self.cfg.max_num_seqs,
             enforce_eager=self.cfg.enforce_eager,
             seed=self.cfg.seed,
@@ -152,24 +96,48 @@ class RolloutServer:
     async def _ensure_latest(self) -> None:
         if self._broken:
             raise RuntimeError(f"this replica cannot serve: {self._broken}")
-        if self.channel is None or not await self.channel.newer_than(self.version):
+        if self.channel is None:
+            return
+        if not await self.channel.newer_than(self.version):
+            await self._ack()
             return
         async with self._lock:  # any change, also back to an older version after a resume
             if not await self.channel.newer_than(self.version):
                 return
             await self._drain()
-            version, source = await self.channel.fetch(self.version)
-            if source is None:
-                return
+            self._loading: int | str = "(not known yet: fetching)"
             try:
-                await self.engine.collective_rpc("raypost_load", args=(source,))
+                version = await asyncio.wait_for(self._reload(), self.cfg.weight_timeout_s)
             except Exception as err:
                 # Part of the new version may be loaded over the old: serving on under the old label
                 # would mix versions silently. The replica fails its health check; Serve replaces it.
-                self._broken = f"loading weight version {version} failed midway ({type(err).__name__}: {err})"
+                why = "timed out (rollout.weight_timeout_s)" if isinstance(err, TimeoutError) else "failed midway"
+                self._broken = f"loading weight version {self._loading} {why} ({type(err).__name__}: {err})"
                 raise RuntimeError(f"this replica cannot serve: {self._broken}") from err
-            await self.engine.reset_prefix_cache()
-            self.version = version
+            if version is not None:
+                await self.engine.reset_prefix_cache()
+                self.version = version
+            await self._ack()
+
+    async def _ack(self) -> None:
+        """Tell the board, once per version, which version this replica serves (the learner reports
+        how many replicas are on it); a board that can't be told costs a warning, not a request."""
+        if getattr(self, "_acked", None) == self.version:
+            return
+        try:
+            await self.channel.ack(replica_name(), self.version)
+            self._acked = self.version
+        except Exception as err:  # noqa: BLE001 - bookkeeping only
+            logging.getLogger("raypost").warning("could not acknowledge weight version %d: %s", self.version, err)
+
+    async def _reload(self) -> int | None:
+        """Fetch the newest version and load it into the engine's workers; its number, or None."""
+        version, source = await self.channel.fetch(self.version)
+        if source is None:
+            return None
+        self._loading = version
+        await self.engine.collective_rpc("raypost_load", args=(source,))
+        return version
 
     async def _drain(self) -> None:
         """Wait for the in-flight requests before a reload (a collective transfer starts with the

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -47,6 +49,31 @@ class ControllerState:
         return cls(**d)
 
 
+CKPT_PREFIX = "raypost-ckpt-"  # + the pid of the worker that stages a checkpoint there
+
+
+def sweep_orphans(root: str | None = None) -> list[Path]:
+    """Remove the checkpoint staging folders of workers that died before they could (a SIGKILLed
+    worker leaves one whole shard in /tmp); a folder whose process is alive is left alone."""
+    removed = []
+    for folder in Path(root or tempfile.gettempdir()).glob(f"{CKPT_PREFIX}*-*"):
+        pid = folder.name[len(CKPT_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: a check, nothing is sent
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
 def save_and_report(
     engine: Any,
     state: ControllerState,
@@ -62,7 +89,8 @@ def save_and_report(
     between the two leaves lines of later steps there, which the resumed run drops (``rewind_logs``)."""
     if rank == 0 and run_dir is not None:
         storage.push(run_dir)
-    with tempfile.TemporaryDirectory(prefix="raypost-ckpt-") as tmp:
+    sweep_orphans()
+    with tempfile.TemporaryDirectory(prefix=f"{CKPT_PREFIX}{os.getpid()}-") as tmp:
         engine.save_checkpoint(tmp, tag=DS_TAG, client_state={"controller": state.to_dict()})
         save_rng(tmp, rank)
         if hf_export is not None:

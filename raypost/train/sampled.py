@@ -71,12 +71,19 @@ class _Hooks:
         return Taken(self.batch[self.rank :: self.world], [s.sample_id for s in self.batch], metrics)
 
     def after(self, st: checkpointing.ControllerState, metrics: dict[str, float], t0: float) -> dict[str, float]:
+        out = self.acks(st.weight_version) if self.rank == 0 else {}
         st.weight_version += 1
-        out = {"push_s": self.push()}
+        out["push_s"] = self.push()
         if self.rank == 0:
             self.sampler.advance(st.weight_version)
         out.update(self.sampler.extra(self.batch, {**metrics, **out}, time.perf_counter() - t0))
         return {**out, "step_s": time.perf_counter() - t0, "weight_version": st.weight_version}
+
+    def acks(self, version: int) -> dict[str, float]:
+        """How many replicas said they serve ``version`` (the one this step's fresh samples came
+        from), of those heard from lately."""
+        served = self.chan.served_versions()
+        return {"replicas_on_version": sum(v == version for v in served.values()), "replicas_seen": len(served)}
 
     def stop(self) -> None:
         try:

@@ -19,6 +19,8 @@ process makes its own connections on first use.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
@@ -52,13 +54,22 @@ class WeightChannel(ABC):
 
     transport: str
 
-    def __init__(self, settings: Any, key: str, workers: int = 1, bucket_mb: int = 64) -> None:
+    def __init__(
+        self, settings: Any, key: str, workers: int = 1, bucket_mb: int = 64, timeout_s: float = 600.0
+    ) -> None:
         self.settings, self.key, self.workers, self.bucket_mb = settings, key, workers, bucket_mb
+        self.timeout_s = timeout_s  # rollout.weight_timeout_s: the board's answers, within it
         self._board: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
         """What crosses to another process: the settings and names, none of this process's state."""
-        return {"settings": self.settings, "key": self.key, "workers": self.workers, "bucket_mb": self.bucket_mb}
+        return {
+            "settings": self.settings,
+            "key": self.key,
+            "workers": self.workers,
+            "bucket_mb": self.bucket_mb,
+            "timeout_s": self.timeout_s,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         type(self).__init__(self, **state)
@@ -96,6 +107,21 @@ class WeightChannel(ABC):
         version, boxed = await self._latest()
         return boxed is not None and version != have
 
+    async def ack(self, replica: str, version: int) -> None:
+        """Replica: say on the board that it now serves ``version`` (no board yet: nothing to say)."""
+        if self._board is None and (await self._latest())[1] is None:
+            return
+        await asyncio.wait_for(self._board.ack.remote(replica, version), self.timeout_s)
+
+    def served_versions(self, max_age_s: float = 600.0) -> dict[str, int]:
+        """Learner: the version each replica said it serves within the last ``max_age_s`` seconds
+        (a replica that died stops saying it); {} before the first publish."""
+        import ray
+
+        if self._board is None:
+            return {}
+        return ray.get(self._board.versions.remote(max_age_s), timeout=self.timeout_s)
+
     def stop_serving(self) -> None:  # noqa: B027 - a no-op unless the transport serves from the learner
         """Learner rank 0, when its loop ends: stop whatever serves the weights from its process."""
 
@@ -115,6 +141,18 @@ class WeightChannel(ABC):
     @property
     def board_name(self) -> str:
         return f"raypost-weights:{self.key}"
+
+    def _record(self, version: int, boxed: list[Any]) -> None:
+        """Learner rank 0: name ``version`` and where it is on the board, within ``timeout_s``."""
+        import ray
+
+        try:
+            ray.get(self._created_board().put.remote(version, boxed), timeout=self.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(
+                f"{self.describe()}: the board did not record version {version} within "
+                f"rollout.weight_timeout_s={self.timeout_s:g}"
+            ) from None
 
     def _created_board(self) -> Any:
         """The board, created by the first publish (replicas only look it up)."""
@@ -144,18 +182,19 @@ class WeightChannel(ABC):
                 self._board = ray.get_actor(self.board_name, namespace=NAMESPACE)
             except ValueError:  # nothing published yet
                 return 0, None
-        return await self._board.latest.remote()
+        return await asyncio.wait_for(self._board.latest.remote(), self.timeout_s)
 
 
 class WeightBoard:
     """A run's version record, as a Ray actor: the last published version (also an older one,
     when a learner resumes from an earlier checkpoint) and where the last ``keep`` publishes are:
     a file path (shm), object refs (object_store) or a server's address (collective), each inside
-    a list, so Ray hands callers a ref itself."""
+    a list, so Ray hands callers a ref itself. Each replica acknowledges the version it serves."""
 
     def __init__(self, keep: int = 2) -> None:
         self.keep = keep
         self.published: list[tuple[int, list[Any]]] = []
+        self.acks: dict[str, tuple[int, float]] = {}  # replica -> (version it serves, when it said so)
 
     def put(self, version: int, boxed_ref: list[Any]) -> None:
         self.published = [*self.published, (version, boxed_ref)][-self.keep :]
@@ -163,12 +202,23 @@ class WeightBoard:
     def latest(self) -> tuple[int, list[Any] | None]:
         return self.published[-1] if self.published else (0, None)
 
+    def ack(self, replica: str, version: int) -> None:
+        self.acks[replica] = (version, time.time())
+
+    def versions(self, max_age_s: float) -> dict[str, int]:
+        now = time.time()
+        return {r: v for r, (v, t) in self.acks.items() if now - t <= max_age_s}
+
 
 def open_channel(rollout: Any, key: str) -> WeightChannel:
     """The channel that ``rollout`` (a RolloutConfig) names, for the run ``key``."""
     settings = rollout.weights
     return TRANSPORTS[settings.transport](
-        settings, key, workers=rollout.tensor_parallel_size, bucket_mb=rollout.weight_bucket_mb
+        settings,
+        key,
+        workers=rollout.tensor_parallel_size,
+        bucket_mb=rollout.weight_bucket_mb,
+        timeout_s=rollout.weight_timeout_s,
     )
 
 

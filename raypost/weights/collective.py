@@ -256,8 +256,10 @@ class CollectiveChannel(WeightChannel):
     server's address with the board; a replica's engine workers receive it over a process group,
     bucket by bucket, and load it as it arrives. Any node, no file."""
 
-    def __init__(self, settings: Any, key: str, workers: int = 1, bucket_mb: int = 64) -> None:
-        super().__init__(settings, key, workers, bucket_mb)
+    def __init__(
+        self, settings: Any, key: str, workers: int = 1, bucket_mb: int = 64, timeout_s: float = 600.0
+    ) -> None:
+        super().__init__(settings, key, workers, bucket_mb, timeout_s)
         self._server: WeightServer | None = None
 
     def publish_stream(
@@ -269,13 +271,13 @@ class CollectiveChannel(WeightChannel):
             backend = "nccl" if torch.cuda.is_available() else "gloo"
             self._server = WeightServer(ray.util.get_node_ip_address(), backend, self.bucket_mb << 20)
         self._server.offer(version, specs, buckets)  # before the board names it: a replica never gets an older one
-        ray.get(self._created_board().put.remote(version, [self._server.address]))
+        self._record(version, [self._server.address])
 
     async def fetch(self, have: int) -> tuple[int, dict[str, Any] | None]:
         version, boxed = await self._latest()
         if version == have or boxed is None:
             return have, None
-        source = await asyncio.to_thread(request, boxed[0], self.workers)
+        source = await asyncio.to_thread(request, boxed[0], self.workers, self.timeout_s)
         return source["version"], {"transport": self.transport, **source}
 
     @staticmethod

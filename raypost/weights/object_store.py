@@ -19,8 +19,10 @@ from raypost.weights.specs import Spec, in_order, nbytes
 
 @register("object_store")
 class ObjectStoreChannel(WeightChannel):
-    def __init__(self, settings: Any, key: str, workers: int = 1, bucket_mb: int = 64) -> None:
-        super().__init__(settings, key, workers, bucket_mb)
+    def __init__(
+        self, settings: Any, key: str, workers: int = 1, bucket_mb: int = 64, timeout_s: float = 600.0
+    ) -> None:
+        super().__init__(settings, key, workers, bucket_mb, timeout_s)
         self._stage = torch.empty(0, dtype=torch.uint8)  # learner: one bucket's bytes, reused for each
         self._pulling: asyncio.Lock | None = None  # made in the replica's event loop
         self._shared: Any = None  # replica: the version it pulled, in a memfd for its engine's workers
@@ -30,7 +32,6 @@ class ObjectStoreChannel(WeightChannel):
     ) -> None:
         import ray
 
-        board = self._created_board()
         # One object per bucket, put as it arrives. Owned by this process (the learner's rank 0,
         # alive for the whole run; a restarted learner republishes its restored version before any
         # request). Ray 2.56 removed ray.put(_owner=). The board gets [specs, counts, ref, ...]:
@@ -42,7 +43,7 @@ class ObjectStoreChannel(WeightChannel):
             n += len(bucket)
         if n != len(specs):
             raise ValueError(f"weight stream ended before its last tensor ({n} of {len(specs)})")
-        ray.get(board.put.remote(version, [[list(x) for x in specs], counts, *refs]))
+        self._record(version, [[list(x) for x in specs], counts, *refs])
 
     def _packed(self, part: Sequence[Spec], bucket: Mapping[str, torch.Tensor]) -> Any:
         """The bucket's tensors back to back, as one numpy array in a staging buffer this channel

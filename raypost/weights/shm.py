@@ -35,8 +35,10 @@ SHM_APART = (
 
 @register("shm")
 class ShmChannel(WeightChannel):
-    def __init__(self, settings: Any, key: str, workers: int = 1, bucket_mb: int = 64) -> None:
-        super().__init__(settings, key, workers, bucket_mb)
+    def __init__(
+        self, settings: Any, key: str, workers: int = 1, bucket_mb: int = 64, timeout_s: float = 600.0
+    ) -> None:
+        super().__init__(settings, key, workers, bucket_mb, timeout_s)
         self.dir = Path(settings.dir) / key
         self._files: VersionFiles | None = None  # learner: the version files it writes
 
@@ -46,11 +48,9 @@ class ShmChannel(WeightChannel):
     def publish_stream(
         self, version: int, specs: Sequence[Spec], buckets: Iterable[Mapping[str, torch.Tensor]]
     ) -> None:
-        import ray
-
         self._files = self._files or VersionFiles(self.dir)
         path = self._files.write(version, specs, buckets)
-        ray.get(self._created_board().put.remote(version, [str(path), this_node()]))
+        self._record(version, [str(path), this_node()])
 
     def stop_serving(self) -> None:
         if self._files is not None:
@@ -212,9 +212,23 @@ class VersionFiles:
             mapped = None
         if mapped is None:
             os.ftruncate(fd, size)
+            self._reserve(fd, size)
             mapped = mmap.mmap(fd, size, mmap.MAP_SHARED | mmap.MAP_POPULATE, mmap.PROT_READ | mmap.PROT_WRITE)
         self._maps[(st.st_dev, st.st_ino)] = mapped
         return mapped
+
+    def _reserve(self, fd: int, size: int) -> None:
+        """Allocate the file's pages before it is mapped: writing a page that a full tmpfs cannot
+        back through a mapping is a SIGBUS that kills the learner with no Python error."""
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as err:
+            raise OSError(
+                err.errno,
+                f"rollout.weights.dir {self.dir} has no room for a {size / 2**20:.1f} MiB weight version "
+                f"({os.strerror(err.errno)}): give /dev/shm more (docker --shm-size, a larger emptyDir), "
+                "point rollout.weights.dir elsewhere, or set rollout.weights.transport=object_store",
+            ) from None
 
     def _keep_existing(self) -> None:
         """Drop the mappings of files that are gone (pruned, or left to a reader): a mapping
