@@ -157,6 +157,50 @@ def test_a_batch_split_into_micro_batches_gives_one_passs_gradient(tiny_model):
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads))
 
 
+def test_precomputed_reference_log_probs_give_the_frozen_references_loss(ray_cluster, tiny_model):
+    """``dpo.reference: precomputed``: the Ray Data pass (one actor, micro-batches of 2) stores the
+    log-probs the learner's frozen reference computes, so the loss and its gradient are the same."""
+    import ray.data
+
+    from raypost.config.dpo import DPOConfig
+    from raypost.models.hf import load_causal_lm, load_tokenizer
+    from raypost.phases.dpo import with_reference
+    from raypost.train.steps import dpo as step
+
+    tok = load_tokenizer(str(tiny_model))
+    rows = [
+        {
+            "id": str(i),
+            "prompt_ids": tok(f"q{i} " * (1 + i))["input_ids"],
+            "chosen_ids": tok(f"yes {i}")["input_ids"],
+            "rejected_ids": tok(f"no no {i}" * (3 - i % 3))["input_ids"],
+        }
+        for i in range(5)
+    ]
+    cfg = DPOConfig.model_validate(
+        {"dpo": {"reference": "precomputed"}, "optim": {"micro_batch_size": 2}, "resources": {"cpus_per_worker": 0.5}}
+    )
+    scored = with_reference(cfg, str(tiny_model), ray.data.from_items(rows)).take_all()
+    stored = [{**r, **{k: v for k, v in s.items() if k.startswith("ref_")}} for r, s in zip(rows, scored)]
+    assert [s["id"] for s in scored] == [r["id"] for r in rows]
+    torch.manual_seed(0)
+    policy = load_causal_lm(str(tiny_model))
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    ref = load_causal_lm(str(tiny_model)).eval()
+    model_cfg = cfg.model_copy(update={"dpo": cfg.dpo.model_copy(update={"reference": "model"})})
+    losses, grads = [], []
+    for c, r, batch in ((model_cfg, ref, rows), (cfg, None, stored)):
+        policy.zero_grad()
+        loss, _ = step.loss_on(_Engine(policy), r, batch, c, tok.pad_token_id, 5.0)
+        loss.backward()
+        losses.append(loss.item())
+        grads.append([p.grad.clone() for p in policy.parameters()])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5, abs=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads))
+
+
 class _Engine:
     """The part of a DeepSpeed engine ``loss_on`` calls: the forward and the device."""
 

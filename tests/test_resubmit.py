@@ -15,8 +15,8 @@ from raypost.utils.resubmit import submit_until_done
 class ScriptedServer:
     """Answers each status poll from ``script`` (a status, or an exception to raise)."""
 
-    def __init__(self, script: list[Any]) -> None:
-        self.script, self.submitted = list(script), []
+    def __init__(self, script: list[Any], refusals: int = 0) -> None:
+        self.script, self.submitted, self.refusals = list(script), [], refusals
 
     def connect(self) -> ScriptedServer:
         """As ``_client`` does, wait until the server answers: the failures left are skipped."""
@@ -25,6 +25,11 @@ class ScriptedServer:
         return self
 
     def submit_job(self, entrypoint: str, runtime_env: Any = None) -> str:
+        if self.refusals:  # Ray's job server before its job agent is up: nothing was submitted
+            self.refusals -= 1
+            raise RuntimeError(
+                "Request failed with status code 500: No available agent to submit job, please try again later.."
+            )
         self.submitted.append(entrypoint)
         return f"job-{len(self.submitted)}"
 
@@ -62,3 +67,10 @@ def test_a_failed_job_is_submitted_again():
     server = ScriptedServer(["FAILED", "FAILED", "SUCCEEDED"])
     out = run(server)
     assert [a["status"] for a in out.attempts] == ["FAILED", "SUCCEEDED"] and len(server.submitted) == 2
+
+
+@pytest.mark.timeout(30)
+def test_a_job_server_with_no_agent_yet_is_asked_again_and_the_job_submitted_once():
+    server = ScriptedServer(["RUNNING", "SUCCEEDED"], refusals=2)
+    out = run(server)
+    assert out.status == "SUCCEEDED" and server.submitted == ["python job.py"] and len(out.attempts) == 1

@@ -53,15 +53,23 @@ class FakeChannel:
         self.published = 0
         self.fetches = 0
         self.acks: list[int] = []  # the versions the replica said it serves, in order
+        self.board = False  # the learner has published (version 0: its restored weights)
+        self.fail_fetches = 0
 
-    async def ack(self, replica: str, version: int) -> None:
+    async def ack(self, replica: str, version: int) -> bool:
+        if not self.board:  # no board before the learner's first publish
+            return False
         self.acks.append(version)
+        return True
 
     async def newer_than(self, have: int) -> bool:
         return self.published not in (0, have)
 
     async def fetch(self, have: int) -> tuple[int, dict[str, Any] | None]:
         self.fetches += 1
+        if self.fail_fetches:
+            self.fail_fetches -= 1
+            raise ConnectionError("the object store could not be reached")
         if self.published in (0, have):
             return have, None
         return self.published, {"transport": "fake", "version": self.published}
@@ -91,6 +99,9 @@ def test_a_new_version_waits_for_the_requests_in_flight_and_loads_once():
     async def run() -> None:
         chan = FakeChannel()
         server = replica(chan)
+        await server.generate([[1]], 1)  # before the learner's first publish: nothing to say
+        assert chan.acks == []
+        chan.board = True  # the learner published its starting weights as version 0
         await server.generate([[1]], 1)
         chan.published = 1
         first = await asyncio.gather(*[server.generate([[1, 2]], 2) for _ in range(8)])
@@ -195,5 +206,21 @@ def test_a_load_that_hangs_fails_the_replica_at_its_deadline():
         with pytest.raises(RuntimeError, match="this replica is stuck"):
             await server.check_health()
         assert server.version == 0
+
+    asyncio.run(run())
+
+
+@pytest.mark.timeout(30)
+def test_a_fetch_that_fails_fails_its_request_and_the_next_one_loads():
+    """Nothing reached the engine: the replica stays healthy and the next request fetches again."""
+
+    async def run() -> None:
+        chan = FakeChannel()
+        server = replica(chan)
+        chan.published, chan.fail_fetches = 1, 1
+        with pytest.raises(RuntimeError, match="fetching the newest weight version failed: ConnectionError"):
+            await server.generate([[1]], 1)
+        await server.check_health()
+        assert served_versions(await server.generate([[1]], 1)) == {(1, 1)} and chan.fetches == 2
 
     asyncio.run(run())

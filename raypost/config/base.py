@@ -17,15 +17,15 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, PlainSerializer, Sec
 T = TypeVar("T", bound="StrictModel")
 
 
-# A secret (a bearer token): shown as '**********', and written as null to every file a run
-# writes (config.yaml, report.json, wandb's config), so a reloaded config takes it from the
-# environment variable its field names.
 def _long_enough(value: SecretStr) -> SecretStr:
     if len(value.get_secret_value()) < 16:
         raise ValueError("a token needs at least 16 characters: make one with `openssl rand -hex 16`")
     return value
 
 
+# A secret (a bearer token): shown as '**********', and written as null to every file a run
+# writes (config.yaml, report.json, wandb's config), so a reloaded config takes it from the
+# environment variable its field names.
 Secret = Annotated[
     SecretStr, AfterValidator(_long_enough), PlainSerializer(lambda _: None, return_type=None, when_used="json")
 ]

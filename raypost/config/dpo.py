@@ -30,6 +30,11 @@ class PreferenceLossConfig(StrictModel):
         0.0, ge=0.0, lt=0.5, description="sigmoid: share of labels taken as flipped (conservative DPO)."
     )
     simpo_gamma: float = Field(0.5, ge=0.0, le=100.0, description="SimPO: target reward margin.")
+    reference: Literal["model", "precomputed"] = Field(
+        "model",
+        description="model: the frozen starting policy on every learner worker, run each step; precomputed: its "
+        "log-probs computed once by a Ray Data pass before training, so the learner holds no reference model.",
+    )
     epochs: int = Field(1, ge=1, le=1000, description="Passes over the training pairs.")
     max_steps: int | None = Field(None, ge=1, le=10_000_000, description="Stop after this many optimizer steps.")
     eval_every: int | None = Field(

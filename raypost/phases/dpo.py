@@ -55,9 +55,36 @@ def prepare(cfg: DPOConfig, run_dir: Path) -> tuple[str, ray.data.Dataset, ray.d
         good, c = preprocess.split_rejects(
             preprocess.map_light(ds, TokenizeChatPairs, **kwargs).materialize(), name, rejects
         )
-        out.append(good.drop_columns(TEXT_COLUMNS))
+        out.append(with_reference(cfg, model_path, good.drop_columns(TEXT_COLUMNS)))
         counts[name] = c.as_dict()
     return model_path, out[0], out[1], counts
+
+
+def with_reference(cfg: DPOConfig, model_path: str, pairs: ray.data.Dataset) -> ray.data.Dataset:
+    """``pairs`` with the reference's log-probs (``dpo.reference: precomputed``), from one actor
+    holding the starting policy on a learner worker's resources; as they are otherwise."""
+    from raypost.algos.preference import NEEDS_REFERENCE
+
+    if cfg.dpo.reference != "precomputed" or not NEEDS_REFERENCE[cfg.dpo.loss]:
+        return pairs
+    from raypost.train.reference import ReferenceLogps
+
+    t0 = time.time()
+    scored = pairs.map_batches(
+        ReferenceLogps,
+        batch_format="pandas",
+        batch_size=256,
+        fn_constructor_kwargs={
+            "model_path": model_path,
+            "precision": cfg.deepspeed.precision,
+            "micro_batch": cfg.optim.micro_batch_size,
+        },
+        num_cpus=cfg.resources.cpus_per_worker,
+        num_gpus=cfg.resources.gpus_per_worker,
+        **preprocess.actor_pool(1),
+    ).materialize()
+    log.info("reference log-probs of %d pairs precomputed in %.1f s", scored.count(), time.time() - t0)
+    return scored
 
 
 def train(

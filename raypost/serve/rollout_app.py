@@ -109,9 +109,14 @@ class RolloutServer:
             try:
                 version = await asyncio.wait_for(self._reload(), self.cfg.weight_timeout_s)
             except Exception as err:
+                why = "timed out (rollout.weight_timeout_s)" if isinstance(err, TimeoutError) else "failed"
+                if not isinstance(self._loading, int):  # the engine was not touched: the next request retries
+                    raise RuntimeError(
+                        f"fetching the newest weight version {why}: {type(err).__name__}: {err}"
+                    ) from err
                 # Part of the new version may be loaded over the old: serving on under the old label
                 # would mix versions silently. The replica fails its health check; Serve replaces it.
-                why = "timed out (rollout.weight_timeout_s)" if isinstance(err, TimeoutError) else "failed midway"
+                why = why if isinstance(err, TimeoutError) else "failed midway"
                 self._broken = f"loading weight version {self._loading} {why} ({type(err).__name__}: {err})"
                 raise RuntimeError(f"this replica cannot serve: {self._broken}") from err
             if version is not None:
@@ -125,8 +130,8 @@ class RolloutServer:
         if getattr(self, "_acked", None) == self.version:
             return
         try:
-            await self.channel.ack(replica_name(), self.version)
-            self._acked = self.version
+            if await self.channel.ack(replica_name(), self.version):
+                self._acked = self.version
         except Exception as err:  # noqa: BLE001 - bookkeeping only
             logging.getLogger("raypost").warning("could not acknowledge weight version %d: %s", self.version, err)
 

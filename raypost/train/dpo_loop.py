@@ -2,7 +2,8 @@
 
 Pairs come in one deterministic global order; each worker takes its own slice of each global
 batch, so the controller's cursor makes resume exact. The reference is the starting policy,
-loaded once per worker in the learner's precision (a reference-free loss loads none). The step
+loaded once per worker in the learner's precision (a reference-free loss loads none, and
+``dpo.reference: precomputed`` reads its log-probs from the rows instead). The step
 is ``train.steps.dpo``; the loop is the one skeleton (``train.loop``).
 """
 
@@ -42,7 +43,7 @@ def eval_pairs(engine: Any, ref: Any, cfg: DPOConfig, pad_id: int, rank: int, wo
             if not rows:
                 continue
             policy = step.pair_logps(engine, rows, pad_id, engine.device)
-            reference = step.pair_logps(ref, rows, pad_id, engine.device) if ref is not None else None
+            reference = step.reference_of(ref, rows, cfg, pad_id, engine.device)
             _, m = PREFERENCE_LOSSES.get_fn(cfg.dpo.loss)(policy, reference, step.params_of(cfg), len(rows))
             prefers = (policy.chosen / policy.chosen_len > policy.rejected / policy.rejected_len).float().mean()
             for i, v in enumerate((m["reward_accuracy"], m["reward_margin"], prefers.item(), 1.0)):
@@ -74,8 +75,8 @@ def dpo_loop(config: dict[str, Any]) -> None:
     cfg = DPOConfig.model_validate(lc.cfg)
     total, every = lc.total_steps, cfg.dpo.eval_every
     rank, world, tok, engine = setup_learner(cfg, lc.model_path, cfg.optim, total)
-    ref = None
-    if NEEDS_REFERENCE[cfg.dpo.loss]:
+    ref = None  # precomputed: the rows carry the reference's log-probs (train.reference)
+    if NEEDS_REFERENCE[cfg.dpo.loss] and cfg.dpo.reference == "model":
         ref = load_causal_lm(lc.model_path, cfg.deepspeed.precision).to(engine.device).eval()
     state = checkpointing.restore(engine)
     pad, micro = tok.pad_token_id, cfg.optim.micro_batch_size

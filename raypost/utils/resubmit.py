@@ -61,6 +61,23 @@ def _client(address: str, wait_s: float) -> Any:
             time.sleep(2.0)
 
 
+NOT_SUBMITTED = ("No available agent to submit job",)  # the job server refused before taking the job
+
+
+def _submit(client: Any, entrypoint: str, runtime_env: dict[str, Any] | None, wait_s: float, poll_s: float) -> str:
+    """``client.submit_job``, retried for up to ``wait_s`` while the job server says it took nothing
+    (a head whose job agent is not up yet); any other error is raised: the job may exist."""
+    deadline = time.time() + wait_s
+    while True:
+        try:
+            return client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env)
+        except RuntimeError as err:
+            if not any(s in str(err) for s in NOT_SUBMITTED) or time.time() > deadline:
+                raise
+            log.warning("the job server took no job (%s); retrying", str(err)[:200])
+            time.sleep(max(poll_s, 0.5))
+
+
 def _wait(client: Any, job_id: str, poll_s: float, grace_s: float) -> str:
     """The job's terminal status, or "LOST" when the job server has not answered for ``grace_s``:
     one failed poll (a busy head, a dropped connection) is retried, not taken for a lost job."""
@@ -112,7 +129,7 @@ def submit_until_done(
         if job_id is not None and _still_running(client, job_id):
             log.info("attempt %d/%d: %s is still running; waiting on it", attempt, max_attempts, job_id)
         else:
-            job_id = client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env)
+            job_id = _submit(client, entrypoint, runtime_env, wait_head_s, poll_s)
             log.info("attempt %d/%d: submitted %s", attempt, max_attempts, job_id)
         status = _wait(client, job_id, poll_s, grace_s)
         out.attempts.append({"job_id": job_id, "status": status, "seconds": round(time.time() - t0, 1)})

@@ -107,11 +107,13 @@ class WeightChannel(ABC):
         version, boxed = await self._latest()
         return boxed is not None and version != have
 
-    async def ack(self, replica: str, version: int) -> None:
-        """Replica: say on the board that it now serves ``version`` (no board yet: nothing to say)."""
+    async def ack(self, replica: str, version: int) -> bool:
+        """Replica: say on the board that it now serves ``version``; False when there is no board
+        yet (nothing published: the replica says it again once there is)."""
         if self._board is None and (await self._latest())[1] is None:
-            return
+            return False
         await asyncio.wait_for(self._board.ack.remote(replica, version), self.timeout_s)
+        return True
 
     def served_versions(self, max_age_s: float = 600.0) -> dict[str, int]:
         """Learner: the version each replica said it serves within the last ``max_age_s`` seconds

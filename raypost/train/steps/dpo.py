@@ -2,7 +2,8 @@
 log-probs of each pair's chosen and rejected sequences under the policy and, unless the loss is
 reference-free, the frozen reference; the loss normalized over the pairs of the whole global
 batch. A micro-batch's 2B sequences go through the model in one forward pass, as a
-``LearnerBatch`` trimmed to the completion positions (no LM head over the prompts)."""
+``LearnerBatch`` trimmed to the completion positions (no LM head over the prompts). With
+``dpo.reference: precomputed`` the reference's log-probs come with the rows (``train.reference``)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from raypost.rl.records import Sequence
 from raypost.rl.tensors import collate, token_logprobs, trim_to_completions
 from raypost.train.batches import micro_batches
 from raypost.train.collectives import all_sum
+from raypost.train.reference import stored
 from raypost.train.steps import accumulate, mean_metrics
 
 
@@ -57,11 +59,20 @@ def loss_on(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """One micro-batch's share of the loss over ``norm`` pairs, and its metrics."""
     policy = pair_logps(engine, rows, pad_id, engine.device)
-    reference = None
-    if NEEDS_REFERENCE[cfg.dpo.loss]:
-        with torch.no_grad():
-            reference = pair_logps(ref, rows, pad_id, engine.device)
-    return PREFERENCE_LOSSES.get_fn(cfg.dpo.loss)(policy, reference, params_of(cfg), norm)
+    return PREFERENCE_LOSSES.get_fn(cfg.dpo.loss)(
+        policy, reference_of(ref, rows, cfg, pad_id, engine.device), params_of(cfg), norm
+    )
+
+
+def reference_of(ref: Any, rows: list[dict[str, Any]], cfg: DPOConfig, pad_id: int, device: Any) -> PairLogps | None:
+    """The reference's log-probs of ``rows``: None for a reference-free loss, the precomputed
+    columns (``dpo.reference: precomputed``), else a forward pass of the frozen ``ref``."""
+    if not NEEDS_REFERENCE[cfg.dpo.loss]:
+        return None
+    if cfg.dpo.reference == "precomputed":
+        return stored(rows, device)
+    with torch.no_grad():
+        return pair_logps(ref, rows, pad_id, device)
 
 
 def learn(engine: Any, ref: Any, rows: list[dict[str, Any]], cfg: DPOConfig, pad_id: int) -> dict[str, float]:
