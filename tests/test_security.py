@@ -147,3 +147,19 @@ def test_a_training_runs_rollout_app_has_no_http_route():
     rollout, reward = apps(build(GRPOConfig, {"run": {"name": "r1"}}), "/m")
     assert (rollout.name, rollout.route_prefix) == ("r1-rollout", None)
     assert (reward.name, reward.route_prefix) == ("r1-reward", "/r1/reward")
+
+
+def test_a_sweep_over_a_missing_data_file_fails_before_ray_starts(monkeypatch, tmp_path: Path):
+    import yaml
+
+    from raypost.tune.command import main as tune_main
+    from raypost.utils import cluster
+
+    monkeypatch.setattr(
+        cluster, "init_ray", lambda *a, **k: pytest.fail("Ray was started before the inputs were checked")
+    )
+    space = yaml.safe_load((Path(__file__).parents[1] / "tune_spaces" / "sft_quick.yaml").read_text())
+    space["base"]["data"] = {"path": str(tmp_path / "gone.jsonl")}
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    with pytest.raises(ConfigError, match="gone.jsonl' does not exist"):
+        tune_main(["--pipeline", "sft", "--space", str(tmp_path / "space.yaml"), "--storage", str(tmp_path)])

@@ -53,12 +53,15 @@ def main(argv: list[str]) -> dict:
 
     import logging
 
+    from raypost.phases.data import check_data_inputs
     from raypost.tune import outputs, sweep, trials
+    from raypost.tune.space import trial_config
     from raypost.utils.cluster import init_ray
     from raypost.utils.logs import setup_logging
 
     setup_logging()
     log = logging.getLogger("raypost")
+    check_data_inputs(trial_config(space, {}))  # files and datasets, before Ray starts
     init_ray()
     sweep_dir = (Path(args.storage) / (args.name or f"tune-{Path(args.space).stem}")).resolve()
     sweep_dir.mkdir(parents=True, exist_ok=True)
