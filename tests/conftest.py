@@ -188,6 +188,8 @@ def run_pipeline(
 ) -> subprocess.CompletedProcess:
     """Run ``pipelines/<script>`` as its own driver connected to the test cluster."""
     env = {**os.environ, "RAY_ADDRESS": address, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
+    # the repository root importable, as a user's own modules are (environments named "tests.agent_envs:...")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     proc = subprocess.run(
         [sys.executable, str(ROOT / "pipelines" / script), *args],
         cwd=ROOT,

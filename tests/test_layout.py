@@ -16,7 +16,7 @@ LAYERS: list[set[str]] = [
     {"config", "utils", "models"},  # foundation: typed config, process helpers, model loading
     {"algos", "data", "rewards"},  # pure losses and advantages, rows and batches, scoring
     {"rl", "serve", "weights"},  # rollout records and control, Serve apps, the weight channel
-    {"train", "eval"},  # Ray Train learners, held-out evaluation
+    {"train", "eval", "agents"},  # Ray Train learners, held-out evaluation, multi-turn episodes
     {"phases"},  # the steps a pipeline runs
     {"pipelines"},  # one registered module per pipeline
     {"tune", "cli"},  # sweeps over pipelines, the raypost command

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from raypost.config.agent import AgentConfig
 from raypost.config.base import StrictModel
 from raypost.config.pipelines import SFTTrainConfig
 from raypost.config.sections import (
@@ -155,6 +156,9 @@ class GRPOConfig(StrictModel):
         description="Run folder, logging, checkpoints.",
     )
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
+    agent: AgentConfig = Field(
+        default_factory=AgentConfig, description="Multi-turn episodes with an environment and tools (env set)."
+    )
 
     @model_validator(mode="after")
     def _batch_divides(self) -> GRPOConfig:

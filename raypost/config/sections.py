@@ -95,7 +95,13 @@ class ModelConfig(StrictModel):
 
 
 class SyntheticTaskConfig(StrictModel):
-    """The embedded arithmetic word-problem task (GSM8K-style, integer answers)."""
+    """The embedded arithmetic task (integer answers): GSM8K-style word problems, or chains."""
+
+    task: Literal["word_problems", "chains"] = Field(
+        "word_problems",
+        description="word_problems (one or two steps) or chains: 'What is 347 * 29 - 812 + 56?', 3-5 operands "
+        "from 10..max_operand (the calculator agent's task; max_operand 999 gives 2-3 digits).",
+    )
 
     num_train: int = Field(6000, ge=1, le=10_000_000, description="Training problems generated.")
     num_eval: int = Field(200, ge=1, le=1_000_000, description="Held-out problems generated (disjoint seed).")

@@ -148,12 +148,20 @@ def synthetic_rows(cfg: DataConfig, split: str) -> list[dict[str, Any]]:
     no noisy demos. Every row has a ``demo`` key ('' when it has none) so the rows share columns."""
     s = cfg.synthetic
     train = synthetic.generate(
-        s.num_train, s.seed, s.max_operand, s.two_step_fraction, prefix="train", guess_fraction=s.guess_fraction
+        s.num_train,
+        s.seed,
+        s.max_operand,
+        s.two_step_fraction,
+        prefix="train",
+        guess_fraction=s.guess_fraction,
+        task=s.task,
     )
     if split == "train":
         return [{"demo": "", **r} for r in train]
     seen = {r["question"] for r in train}
-    pool = synthetic.generate(s.num_eval * 2, s.seed + 1, s.max_operand, s.two_step_fraction, prefix="eval")
+    pool = synthetic.generate(
+        s.num_eval * 2, s.seed + 1, s.max_operand, s.two_step_fraction, prefix="eval", task=s.task
+    )
     return [{**r, "demo": ""} for r in pool if r["question"] not in seen][: s.num_eval]
 
 

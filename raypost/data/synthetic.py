@@ -67,12 +67,45 @@ def _two_step(r: random.Random, hi: int) -> tuple[str, list[str], int]:
     return q, [f"{a} + {b} = {a + b}", f"{a + b} - {c} = {a + b - c}"], a + b - c
 
 
+def _chain(r: random.Random, hi: int) -> tuple[str, list[str], int]:
+    """3-5 operands joined by + - * (* at most twice), read with the usual precedence."""
+    lo = 10 if hi >= 100 else 1
+    nums = [r.randint(lo, hi) for _ in range(r.randint(3, 5))]
+    ops = r.choices(["+", "-", "*"], weights=[2, 2, 1], k=len(nums) - 1)
+    while ops.count("*") > 2:
+        ops[ops.index("*")] = "+"
+    expr = " ".join([str(nums[0])] + [f"{o} {n}" for o, n in zip(ops, nums[1:])])
+    result = _arith(expr)
+    return f"What is {expr}?", [f"{expr} = {result}"], result
+
+
+def _arith(expr: str) -> int:
+    """The value of a generated ``a op b op c ...`` (+ - * on integers), * before + and -."""
+    tokens = expr.split()
+    terms, signs, term = [], [1], int(tokens[0])
+    for op, num in zip(tokens[1::2], tokens[2::2]):
+        if op == "*":
+            term *= int(num)
+        else:
+            terms.append(term)
+            signs.append(1 if op == "+" else -1)
+            term = int(num)
+    terms.append(term)
+    return sum(s * t for s, t in zip(signs, terms))
+
+
 ONE_STEP: list[Callable[[random.Random, int], tuple[str, list[str], int]]] = [_add, _sub, _mul]
 
 
-def make_problem(r: random.Random, max_operand: int, two_step_fraction: float) -> dict[str, Any]:
-    """One problem: {'question', 'answer' (GSM8K style: steps + '#### n')}."""
-    kind = _two_step if r.random() < two_step_fraction else r.choice(ONE_STEP)
+def make_problem(
+    r: random.Random, max_operand: int, two_step_fraction: float, task: str = "word_problems"
+) -> dict[str, Any]:
+    """One problem: {'question', 'answer' (GSM8K style: steps + '#### n')}. ``task`` chains: a bare
+    expression of 3-5 operands (the calculator agent's task)."""
+    if task == "chains":
+        kind = _chain
+    else:
+        kind = _two_step if r.random() < two_step_fraction else r.choice(ONE_STEP)
     question, steps, result = kind(r, max_operand)
     return {"question": question, "answer": "\n".join(steps) + f"\n#### {result}"}
 
@@ -90,13 +123,14 @@ def generate(
     two_step_fraction: float = 0.3,
     prefix: str = "syn",
     guess_fraction: float = 0.0,
+    task: str = "word_problems",
 ) -> list[dict[str, Any]]:
     """``n`` problems from ``seed``; rows carry a stable ``id``. A ``guess_fraction`` share of
     rows get a ``demo`` (see the module docstring); the problems themselves do not depend on it."""
     r, noisy = random.Random(seed), random.Random(seed + 7919)
     rows = []
     for i in range(n):
-        row = make_problem(r, max_operand, two_step_fraction)
+        row = make_problem(r, max_operand, two_step_fraction, task)
         row["id"] = f"{prefix}-{seed}-{i}"
         if guess_fraction and noisy.random() < guess_fraction:
             row["demo"] = guess(row["question"])

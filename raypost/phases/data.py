@@ -26,7 +26,8 @@ class PreparedData:
 
     def eval_rows(self, limit: int) -> list[dict[str, Any]]:
         return [
-            {"id": r["id"], "prompt_ids": list(r["prompt_ids"]), "answer": r["answer"]} for r in self.eval.take(limit)
+            {"id": r["id"], "prompt_ids": list(r["prompt_ids"]), "question": r["question"], "answer": r["answer"]}
+            for r in self.eval.take(limit)
         ]
 
 

@@ -71,7 +71,15 @@ def placement_requests(cfg: GRPOConfig) -> dict[str, dict[str, float]]:
             k: v * (cfg.reward.autoscale_max_replicas or cfg.reward.num_replicas)
             for k, v in {"CPU": reward_cpus, **cfg.reward.ray_resources}.items()
         },
+        "agent (environment actors and tool app)": {"CPU": agent_cpus(cfg)},
     }
+
+
+def agent_cpus(cfg: GRPOConfig) -> float:
+    """CPUs of the environment host actors and the tool app's replica (0 without agent.env)."""
+    if cfg.agent.env is None:
+        return 0.0
+    return cfg.agent.cpus_per_env_actor * (cfg.agent.num_env_actors + ("tool" in app_names(cfg)))
 
 
 def check_placement(cfg: GRPOConfig) -> None:
@@ -89,8 +97,15 @@ def check_placement(cfg: GRPOConfig) -> None:
 
 def app_names(cfg: GRPOConfig) -> dict[str, str]:
     """The run's Serve apps, named after it: two runs on one cluster never touch each other's
-    (an earlier job's apps of the same run are replaced). The learner finds them by these names."""
-    return {"rollout": f"{cfg.run.name}-rollout", "reward": f"{cfg.run.name}-reward"}
+    (an earlier job's apps of the same run are replaced). The learner finds them by these names.
+    An agent run whose environment has a built-in tool app (calculator) adds "tool"."""
+    names = {"rollout": f"{cfg.run.name}-rollout", "reward": f"{cfg.run.name}-reward"}
+    if cfg.agent.env in TOOL_APPS and cfg.agent.serve_tool:
+        names["tool"] = f"{cfg.run.name}-{cfg.agent.env}"
+    return names
+
+
+TOOL_APPS = {"calculator": "raypost.agents.calculator_app"}  # environment -> the module of its tool's Serve app
 
 
 def apps(cfg: GRPOConfig, model_path: str) -> list[App]:
@@ -107,7 +122,19 @@ def apps(cfg: GRPOConfig, model_path: str) -> list[App]:
 
     names, run = app_names(cfg), cfg.run.name
     rollout = serve_apps.rollout(names["rollout"], model_path, rollout_cfg, weight_channel(cfg))
-    return [rollout, App(names["reward"], reward, f"/{run}/reward")]
+    out = [rollout, App(names["reward"], reward, f"/{run}/reward")]
+    if "tool" in names:  # handles only: its HTTP route is for `raypost` users who serve the tool on its own
+        out.append(App(names["tool"], lambda: _tool_app(cfg), None))
+    return out
+
+
+def _tool_app(cfg: GRPOConfig) -> Any:
+    import importlib
+
+    from raypost.agents import env_factory
+
+    env_factory(cfg.agent.env)  # a bad name fails before anything is deployed
+    return importlib.import_module(TOOL_APPS[cfg.agent.env]).build_app(cpus=cfg.agent.cpus_per_env_actor)
 
 
 @contextlib.contextmanager
@@ -175,8 +202,10 @@ def record_prompt_order(run_dir: Path, ids: list[str]) -> None:
     path.write_text(json.dumps(ids))
 
 
-def evaluate(cfg: GRPOConfig, data: PreparedData, version: int | None = None) -> dict[str, Any]:
-    """Held-out greedy accuracy through the rollout replicas (after they reach ``version``)."""
+def evaluate(cfg: GRPOConfig, data: PreparedData, version: int | None = None, model_path: str = "") -> dict[str, Any]:
+    """Held-out greedy accuracy through the rollout replicas (after they reach ``version``); an
+    agent run (``agent.env``) plays one greedy episode per row with its environment and tools
+    (``model_path``: where its tokenizer is)."""
     import asyncio
 
     from raypost.eval import rollout_accuracy
@@ -192,6 +221,16 @@ def evaluate(cfg: GRPOConfig, data: PreparedData, version: int | None = None) ->
     )
     if version is not None:
         asyncio.run(client.await_version(version))
+    if cfg.agent.env is not None:
+        from raypost.agents.evaluate import agent_accuracy
+        from raypost.agents.loop import Limits
+        from raypost.models.hf import load_tokenizer
+
+        a = cfg.agent
+        limits = Limits(a.max_turns, a.max_episode_tokens, cfg.eval.max_new_tokens, rollout.max_model_len)
+        rows = data.eval_rows(cfg.data.max_eval_samples)
+        tool = app_names(cfg).get("tool")
+        return agent_accuracy(client, load_tokenizer(model_path), rows, a, limits, tool, extract=cfg.eval.extract)
     return rollout_accuracy(
         client, data.eval_rows(cfg.data.max_eval_samples), cfg.eval.max_new_tokens, extract=cfg.eval.extract
     )

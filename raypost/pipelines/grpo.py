@@ -71,13 +71,13 @@ def _grpo(cfg: GRPOConfig, run_dir: Path, heldout: bool) -> dict[str, Any]:
     before = after = {"accuracy": None, "n": 0, "samples": []}
     with grpo_phase.served(cfg, sft_model):  # removed with the pushed weights when the run ends or fails
         if heldout:
-            before = grpo_phase.evaluate(cfg, data)
+            before = grpo_phase.evaluate(cfg, data, model_path=sft_model)
             log.info("held-out accuracy before GRPO: %.3f", before["accuracy"])
 
         # GRPO on Ray Train + DeepSpeed, rollouts on Serve.
         final_model, grpo_s, metrics = grpo_phase.train(cfg, sft_model, data, run_dir)
         if heldout:
-            after = grpo_phase.evaluate(cfg, data, version=cfg.algo.steps)
+            after = grpo_phase.evaluate(cfg, data, version=cfg.algo.steps, model_path=sft_model)
             log.info("held-out accuracy after GRPO: %.3f (was %.3f)", after["accuracy"], before["accuracy"])
 
     report = {
@@ -89,6 +89,8 @@ def _grpo(cfg: GRPOConfig, run_dir: Path, heldout: bool) -> dict[str, Any]:
         "heldout_accuracy_after": after["accuracy"],
         "heldout_gain": after["accuracy"] - before["accuracy"] if heldout else None,
         "heldout_n": after["n"],
+        "heldout_before": {k: v for k, v in before.items() if k != "samples"},
+        "heldout_after": {k: v for k, v in after.items() if k != "samples"},
         "samples_after": after["samples"],
         "final_metrics": metrics,
         "phase_s": {"warmup": warmup_s, "grpo": grpo_s},

@@ -23,6 +23,12 @@ class Sample:
     reward: float = 0.0
     scores: dict[str, Any] = field(default_factory=dict)
     train_mask: bool = True  # False: excluded from the loss (overlong filter)
+    # multi-turn episodes (raypost.agents): completion_ids holds every token after the prompt
+    mask: list[int] | None = None  # [C] 1 on the model's own tokens, 0 on observations (None: all 1)
+    turns: int = 1  # model turns
+    tool_calls: int = 0
+    parse_error_end: bool = False  # the episode's last observation answered an unreadable tool call
+    env_reward: float = 0.0  # the environment's per-turn rewards, added to the reward service's
 
 
 @dataclass
@@ -74,7 +80,7 @@ def apply_scores(groups: Sequence[Group], out: dict[str, Any], algo: AlgoConfig)
     """Fill each sample's reward (weighted sum) and per-reward scores; apply overlong rules."""
     flat = [s for g in groups for s in g.samples]
     for i, s in enumerate(flat):
-        s.reward = float(out["rewards"][i])
+        s.reward = float(out["rewards"][i]) + s.env_reward
         s.scores = {name: vals[i] for name, vals in out["scores"].items()}
         if s.finish_reason == "length":
             if algo.overlong == "filter":

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from raypost.config.grpo import AlgoConfig
@@ -31,7 +31,9 @@ log = logging.getLogger("raypost.producer")
 
 class RolloutProducer:
     """``reward_timeout_s`` bounds each score request (then retried); ``stall_s`` bounds how long
-    ``take`` waits for a batch before the run fails naming what is stuck (None: unbounded)."""
+    ``take`` waits for a batch before the run fails naming what is stuck (None: unbounded);
+    ``rollout(row)`` makes a row's group (None: G single-turn completions in one request;
+    multi-turn: ``raypost.agents.AgentRollout.group``)."""
 
     def __init__(
         self,
@@ -42,7 +44,9 @@ class RolloutProducer:
         algo: AlgoConfig,
         reward_timeout_s: float | None = None,
         stall_s: float | None = None,
+        rollout: Callable[[dict], Awaitable[G.Group]] | None = None,
     ) -> None:
+        self.rollout = rollout or self._single_turn
         self.ctl, self.client, self.reward, self.next_row, self.algo = controller, client, reward, next_row, algo
         self.reward_timeout_s, self.stall_s = reward_timeout_s, stall_s
         self.cond = threading.Condition()
@@ -161,13 +165,16 @@ class RolloutProducer:
             await self._wake_or_timeout()
         return None
 
+    async def _single_turn(self, row: dict) -> G.Group:
+        out = (await self.client.agenerate([row["prompt_ids"]], self.algo.group_size, G.sampling(self.algo)))[0]
+        return G.to_group(row, out)
+
     async def _one(self, ticket: int, row: dict) -> None:
         try:
             t0 = time.perf_counter()
             with self.cond:
                 pushed = self.ctl.running.get(ticket, 0)  # the learner's version when this group was admitted
-            out = (await self.client.agenerate([row["prompt_ids"]], self.algo.group_size, G.sampling(self.algo)))[0]
-            group, t1 = G.to_group(row, out), time.perf_counter()
+            group, t1 = await self.rollout(row), time.perf_counter()
             check_served(group.version, pushed, self.client.channel.describe() if self.client.channel else "no channel")
             args = G.reward_args([group])
             scores = await with_retries(

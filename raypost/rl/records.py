@@ -29,6 +29,7 @@ class Sequence:
     top_ids: list[int] | None = None  # [C * k] the teacher's top-k token ids per position, row-major
     top_logprobs: list[float] | None = None  # [C * k] their log-probs
     correct: bool | None = None  # the completion's final answer checked against the gold one
+    mask: list[int] | None = None  # [C] multi-turn: 1 on the model's tokens, 0 on observations (None: all 1)
 
     @property
     def completion_len(self) -> int:
@@ -36,9 +37,15 @@ class Sequence:
         return len(self.ids) - self.start
 
     @property
+    def sampled_len(self) -> int:
+        """The tokens the policy sampled: C, less a multi-turn episode's observation tokens."""
+        return self.completion_len if self.mask is None else sum(self.mask)
+
+    @property
     def loss_tokens(self) -> int:
-        """The completion tokens ``collate`` puts in the loss mask: C, or 0 when not trained."""
-        return self.completion_len if self.train and self.completion_len > 0 else 0
+        """The completion tokens ``collate`` puts in the loss mask: C (the model's own, multi-turn),
+        or 0 when not trained."""
+        return self.sampled_len if self.train and self.completion_len > 0 else 0
 
 
 @dataclass

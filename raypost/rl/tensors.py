@@ -30,6 +30,7 @@ def sequences(groups: Iterable[Any], adv: torch.Tensor) -> list[Sequence]:
                     adv=float(adv[gi, si]),
                     train=s.train_mask,
                     version=s.version,
+                    mask=getattr(s, "mask", None),
                 )
             )
     return out
@@ -41,7 +42,8 @@ def loss_tokens(rows: Iterable[Sequence]) -> int:
 
 
 def collate(rows: list[Sequence], pad_id: int) -> LearnerBatch:
-    """``rows`` as one ``LearnerBatch``: right-padded, the loss mask on each trained completion,
+    """``rows`` as one ``LearnerBatch``: right-padded, the loss mask on each trained completion
+    (on its model tokens only, for a multi-turn episode),
     behaviour log-probs under their targets, ``fresh`` 1 where ``stale`` is 0."""
     t = max(len(r.ids) for r in rows)
     n = len(rows)
@@ -55,7 +57,7 @@ def collate(rows: list[Sequence], pad_id: int) -> LearnerBatch:
         attn[i, :L] = 1
         c = L - s  # completion tokens, targets at indices s-1 .. L-2
         if r.loss_tokens:
-            mask[i, s - 1 : L - 1] = 1.0
+            mask[i, s - 1 : L - 1] = 1.0 if r.mask is None else torch.tensor(r.mask, dtype=torch.float32)
         behaviour = r.old[:c]  # one log-prob per completion token
         old[i, s - 1 : s - 1 + len(behaviour)] = torch.tensor(behaviour, dtype=torch.float32)
     return LearnerBatch(

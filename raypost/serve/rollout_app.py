@@ -5,7 +5,8 @@ finish_reason, text}], "version"}]`` (one entry per prompt). Logprobs are vLLM's
 ``processed_logprobs``: of the distribution actually sampled (after temperature), which
 is the behaviour policy GRPO's importance ratios need.
 HTTP (the app on its own, ``raypost serve-rollout``; a training run's rollout app has no HTTP
-route): ``POST /v1/completions`` (OpenAI-compatible subset) and ``GET /health``, behind a bearer
+route): ``POST /v1/completions`` and ``POST /v1/chat/completions`` (OpenAI-compatible subsets; chat
+with tools, token ids and log-probs: ``chat_api``) and ``GET /health``, behind a bearer
 token when one is set (``RAYPOST_ROLLOUT_TOKEN``). ``n``, ``seed``, ``stop`` and the prompt are
 bounded before anything reaches the engine.
 
@@ -31,6 +32,7 @@ from ray import serve
 from raypost.config.serve import RolloutConfig
 from raypost.models.named import resolve
 from raypost.serve.auth import check_bearer
+from raypost.serve.chat_api import ChatRequest, choice, template_messages
 from raypost.serve.engine_env import cpu_engine_env, prefill_args, replica_name
 from raypost.weights import WeightChannel
 
@@ -275,6 +277,43 @@ class RolloutServer:
             "model": self.model_path,
             "choices": choices,
             "usage": {"prompt_tokens": len(ids), "completion_tokens": used, "total_tokens": len(ids) + used},
+            "weight_version": group["version"],
+        }
+
+    @api.post("/v1/chat/completions")
+    async def chat(self, req: ChatRequest, authorization: Annotated[str | None, Header()] = None) -> dict[str, Any]:
+        """OpenAI chat completions (n = 1), tools included: ``raypost.serve.chat_api``."""
+        check_bearer(authorization, self.token)
+        tok = self.engine.get_tokenizer()
+        try:
+            text = tok.apply_chat_template(
+                template_messages(req, tok.chat_template or ""),
+                tools=req.tools,
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+        except Exception as err:  # noqa: BLE001 - the template refused these messages
+            raise HTTPException(422, f"messages: the chat template cannot render them: {err}") from None
+        ids = self._prompt_ids(text)
+        sampling = req.sampling()
+        if len(ids) + sampling["max_tokens"] > self.cfg.max_model_len:
+            raise HTTPException(
+                422, f"prompt ({len(ids)} tokens) + max_tokens exceeds max_model_len {self.cfg.max_model_len}"
+            )
+        [group] = await self.generate([ids], 1, sampling)
+        c = group["completions"][0]
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model_path,
+            "choices": [choice(c, tok, req.logprobs)],
+            "usage": {
+                "prompt_tokens": len(ids),
+                "completion_tokens": len(c["token_ids"]),
+                "total_tokens": len(ids) + len(c["token_ids"]),
+            },
+            "prompt_token_ids": ids,
             "weight_version": group["version"],
         }
 

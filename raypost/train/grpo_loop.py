@@ -48,6 +48,19 @@ def _rollout_metrics(groups: list[G.Group]) -> dict[str, float]:
         **per_reward,
         "response_len": sum(len(s.completion_ids) for s in samples) / len(samples),
         "truncated_frac": sum(s.finish_reason == "length" for s in samples) / len(samples),
+        **_agent_metrics(samples),
+    }
+
+
+def _agent_metrics(samples: list[G.Sample]) -> dict[str, float]:
+    """Multi-turn episodes: turns and tool calls per episode, the share that ended on a parse error."""
+    if all(s.mask is None for s in samples):
+        return {}
+    n = len(samples)
+    return {
+        "turns": sum(s.turns for s in samples) / n,
+        "tool_calls": sum(s.tool_calls for s in samples) / n,
+        "parse_error_end_frac": sum(s.parse_error_end for s in samples) / n,
     }
 
 
@@ -74,8 +87,9 @@ def _batch(
     }
 
 
-def _producer(cfg: GRPOConfig, state: checkpointing.ControllerState, lc: LoopConfig) -> RolloutProducer:
-    """The rollout producer on rank 0, from the restored data cursor and weight version (not started)."""
+def _producer(cfg: GRPOConfig, state: checkpointing.ControllerState, lc: LoopConfig, tok: Any) -> RolloutProducer:
+    """The rollout producer on rank 0, from the restored data cursor and weight version (not started);
+    with ``agent.env`` set its groups are multi-turn episodes on environment actors."""
     from ray import serve
 
     from raypost.serve.rollout_client import RolloutClient
@@ -92,6 +106,15 @@ def _producer(cfg: GRPOConfig, state: checkpointing.ControllerState, lc: LoopCon
         lc.apps["rollout"], lc.channel, cfg.rollout.max_attempts, chunk=1, timeout_s=cfg.rollout.request_timeout_s
     )
     reward = serve.get_app_handle(lc.apps["reward"])
+    rollout = None
+    if cfg.agent.env is not None:
+        from raypost.agents import AgentRollout, EnvPool
+
+        a = cfg.agent
+        pool = EnvPool(
+            a.env, a.env_options(lc.apps.get("tool")), a.num_env_actors, a.cpus_per_env_actor, a.env_timeout_s
+        )
+        rollout = AgentRollout(client, pool, tok, a, cfg.algo, cfg.rollout.max_model_len).group
     return RolloutProducer(
         controller,
         client,
@@ -100,6 +123,7 @@ def _producer(cfg: GRPOConfig, state: checkpointing.ControllerState, lc: LoopCon
         cfg.algo,
         reward_timeout_s=cfg.reward.request_timeout_s,
         stall_s=cfg.rollout.stall_timeout_s,
+        rollout=rollout,
     )
 
 
@@ -109,7 +133,7 @@ def _throughput(started: float) -> Callable[[list[Sequence], dict[str, float], f
     waited = [0.0]
 
     def extra(seqs: list[Sequence], metrics: dict[str, float], step_s: float) -> dict[str, float]:
-        tokens, waited[0] = sum(s.completion_len for s in seqs), waited[0] + metrics["learner_wait_s"]
+        tokens, waited[0] = sum(s.sampled_len for s in seqs), waited[0] + metrics["learner_wait_s"]
         return {
             "gen_tokens_per_s": tokens / max(metrics["generate_s"], 1e-9),
             "trained_tokens_per_s": tokens / step_s,
@@ -130,7 +154,7 @@ def grpo_loop(config: dict[str, Any]) -> None:
     # The frozen reference: on the learner's device, in the learner's precision.
     ref = load_causal_lm(lc.model_path, cfg.deepspeed.precision).to(engine.device).eval() if cfg.algo.beta > 0 else None
     state = checkpointing.restore(engine)
-    producer = _producer(cfg, state, lc) if rank == 0 else None
+    producer = _producer(cfg, state, lc, tok) if rank == 0 else None
     base_cursor = state.cursor
     sampler = Sampler(
         phase="grpo",

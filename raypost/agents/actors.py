@@ -1,0 +1,103 @@
+"""Environments in Ray actors: a pool of hosts, each running many episodes at once.
+
+An environment is named by a registered name (``raypost.agents.ENVIRONMENTS``) or an import path
+``package.module:factory``; ``factory(options)`` builds one episode's environment inside the host
+actor. Hosts restart when they die (``max_restarts=-1``); the episodes they held are lost, and the
+caller retries them from the start (``raypost.agents.rollout``). Every call is bounded by
+``timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import itertools
+import uuid
+from dataclasses import asdict
+from typing import Any
+
+from raypost.agents.env import ENVIRONMENTS, Environment, Message, StepResult
+
+
+class EpisodeLostError(RuntimeError):
+    """The host no longer holds this episode: it restarted after a crash. Retry the episode."""
+
+
+def env_factory(ref: str) -> Any:
+    """A registered environment name, or ``package.module:factory``."""
+    import raypost.agents.calculator_env  # noqa: F401 - registers the built-in environments
+
+    if ref in ENVIRONMENTS:
+        return ENVIRONMENTS[ref]
+    module, sep, attr = ref.partition(":")
+    if not sep:
+        raise ValueError(f"unknown environment {ref!r}: use one of {sorted(ENVIRONMENTS)} or 'package.module:factory'")
+    factory = getattr(importlib.import_module(module), attr, None)
+    if not callable(factory):
+        raise ValueError(f"environment {ref!r}: {module} has no callable {attr!r}")
+    return factory
+
+
+class EnvHost:
+    """A Ray actor (async: its episodes interleave) holding episodes by id."""
+
+    def __init__(self, ref: str, options: dict[str, Any]) -> None:
+        self.factory, self.options = env_factory(ref), options
+        self.episodes: dict[str, Environment] = {}
+
+    async def reset(self, eid: str, row: dict[str, Any]) -> list[Message]:
+        env = self.factory(self.options)
+        self.episodes[eid] = env
+        return await env.reset(row)
+
+    async def step(self, eid: str, action: str) -> dict[str, Any]:
+        env = self.episodes.get(eid)
+        if env is None:
+            raise EpisodeLostError(f"episode {eid} is not on this environment host (it restarted)")
+        return asdict(await env.step(action))
+
+    def close(self, eid: str) -> None:
+        self.episodes.pop(eid, None)
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+class RemoteEnv:
+    """One episode on a host actor, as an ``Environment``."""
+
+    def __init__(self, host: Any, timeout_s: float) -> None:
+        self.host, self.timeout_s, self.eid = host, timeout_s, uuid.uuid4().hex
+
+    async def reset(self, row: dict[str, Any]) -> list[Message]:
+        return await asyncio.wait_for(self.host.reset.remote(self.eid, row), self.timeout_s)
+
+    async def step(self, action: str) -> StepResult:
+        return StepResult(**await asyncio.wait_for(self.host.step.remote(self.eid, action), self.timeout_s))
+
+    def close(self) -> None:
+        self.host.close.remote(self.eid)  # fire and forget: a dead host holds nothing
+
+
+class EnvPool:
+    """``size`` host actors of environment ``ref``, ``cpus`` each; episodes go round-robin."""
+
+    def __init__(self, ref: str, options: dict[str, Any], size: int, cpus: float, timeout_s: float) -> None:
+        import ray
+
+        env_factory(ref)  # a bad name fails here, naming it, not in every actor
+        actor = ray.remote(EnvHost).options(num_cpus=cpus, max_restarts=-1, max_task_retries=0)
+        self.hosts = [actor.remote(ref, options) for _ in range(size)]
+        self.timeout_s = timeout_s
+        self._next = itertools.cycle(range(size))
+
+    def env(self) -> RemoteEnv:
+        return RemoteEnv(self.hosts[next(self._next)], self.timeout_s)
+
+    def shutdown(self) -> None:
+        import ray
+
+        for h in self.hosts:
+            ray.kill(h, no_restart=True)

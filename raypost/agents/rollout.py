@@ -1,0 +1,76 @@
+"""Multi-turn rollouts for the GRPO producer: G episodes per prompt row, each turn one request to
+the rollout app, each episode on an environment actor, as one ``Group`` the learner trains."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from raypost.agents.actors import EnvPool
+from raypost.agents.episode import Episode
+from raypost.agents.loop import Limits, run_episode
+from raypost.config.agent import AgentConfig
+from raypost.config.grpo import AlgoConfig
+from raypost.rl.groups import Group, Sample, sampling
+from raypost.serve.rollout_client import RETRYABLE
+
+log = logging.getLogger("raypost.agents")
+RETRY_EPISODE = (*RETRYABLE, "EpisodeLostError")
+
+
+def _retry(err: BaseException) -> bool:
+    return any(t.__name__ in RETRY_EPISODE for t in type(err).__mro__)
+
+
+def to_sample(ep: Episode) -> Sample:
+    capped = ep.finish in ("length", "max_tokens")
+    return Sample(
+        ep.ids,
+        ep.logprobs,
+        "length" if capped else "stop",
+        ep.answer,
+        ep.version,
+        mask=ep.mask,
+        turns=ep.turns,
+        tool_calls=ep.tool_calls,
+        parse_error_end=ep.last_parse_error,
+        env_reward=ep.env_reward,
+    )
+
+
+class AgentRollout:
+    """``group(row)``: the producer's rollout when ``agent.env`` is set."""
+
+    def __init__(
+        self, client: Any, pool: EnvPool, tok: Any, agent: AgentConfig, algo: AlgoConfig, max_model_len: int
+    ) -> None:
+        self.client, self.pool, self.tok, self.agent, self.algo = client, pool, tok, agent, algo
+        self.limits = Limits(agent.max_turns, agent.max_episode_tokens, algo.max_new_tokens, max_model_len)
+
+    async def _generate(self, ids: list[int], max_tokens: int) -> tuple[dict[str, Any], int]:
+        params = {**sampling(self.algo), "max_tokens": max_tokens}
+        [out] = await self.client.agenerate([ids], 1, params)
+        return out["completions"][0], out["version"]
+
+    async def episode(self, row: dict[str, Any]) -> Episode:
+        """One episode, retried from the start while its environment actor is lost (dead, restarting)."""
+        for attempt in range(1, self.agent.episode_attempts + 1):
+            env = self.pool.env()
+            try:
+                return await run_episode(env, row, self.tok, self._generate, self.limits)
+            except Exception as err:  # noqa: BLE001 - classified
+                if not _retry(err) or attempt == self.agent.episode_attempts:
+                    raise
+                log.warning("episode of %s lost (%s); retry %d", row["id"], type(err).__name__, attempt)
+                await asyncio.sleep(min(5.0, 0.5 * 2**attempt))
+            finally:
+                env.close()
+        raise AssertionError("unreachable")
+
+    async def group(self, row: dict[str, Any]) -> Group:
+        eps = await asyncio.gather(*[self.episode(row) for _ in range(self.algo.group_size)])
+        if any(e.prompt_ids != eps[0].prompt_ids for e in eps):
+            raise ValueError(f"environment {self.agent.env!r} opened row {row['id']} differently in one group")
+        samples = [to_sample(e) for e in eps]
+        return Group(str(row["id"]), eps[0].prompt_ids, row["question"], row["answer"], samples)
