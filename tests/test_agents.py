@@ -190,3 +190,17 @@ def test_step_result_from_an_actor_round_trips():
 
     r = StepResult([{"role": "tool", "content": "1"}], 0.5, True, {"tool_calls": 1})
     assert StepResult(**asdict(r)) == r
+
+
+def test_tool_demos_teach_the_call_after_the_episodes_system_prompt():
+    from raypost.agents.calculator_env import calculator_env
+    from raypost.config.agent import AgentConfig
+
+    rows = synthetic.generate(3, seed=1, max_operand=999, task="chains", tool_demos=True)
+    call = parse_tool_calls(rows[0]["demo"]).calls[0]
+    assert call.name == "calculator" and rows[0]["question"] == f"What is {call.arguments['expression']}?"
+    opts = AgentConfig(env="calculator").env_options(None, "SYS", "Q: {question}")
+    opening = asyncio.run(calculator_env(opts).reset({"question": "1 + 2"}))
+    assert opening == [{"role": "system", "content": "SYS"}, {"role": "user", "content": "Q: 1 + 2"}]
+    mine = AgentConfig(env="calculator", options={"system_prompt": "MINE"}).env_options(None, "SYS")
+    assert mine["system_prompt"] == "MINE"  # agent.options wins over the data section

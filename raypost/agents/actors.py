@@ -17,6 +17,7 @@ from dataclasses import asdict
 from typing import Any
 
 from raypost.agents.env import ENVIRONMENTS, Environment, Message, StepResult
+from raypost.config.agent import AgentConfig
 
 
 class EpisodeLostError(RuntimeError):
@@ -92,6 +93,11 @@ class EnvPool:
         self.hosts = [actor.remote(ref, options) for _ in range(size)]
         self.timeout_s = timeout_s
         self._next = itertools.cycle(range(size))
+
+    @classmethod
+    def for_agent(cls, agent: AgentConfig, options: dict[str, Any]) -> EnvPool:
+        """The pool ``agent`` asks for, its factories given ``options`` (``agent.env_options(...)``)."""
+        return cls(agent.env, options, agent.num_env_actors, agent.cpus_per_env_actor, agent.env_timeout_s)
 
     def env(self) -> RemoteEnv:
         return RemoteEnv(self.hosts[next(self._next)], self.timeout_s)

@@ -40,14 +40,14 @@ def served_calculator(app: str) -> Any:
 
 @ENVIRONMENTS.register("calculator")
 def calculator_env(options: dict[str, Any]) -> ToolEnv:
-    """options: tool_app (None: compute in this process), system_prompt, prompt_template,
-    tool_timeout_s, max_calls_per_turn."""
+    """options: tool_app (None: compute in this process), system_prompt (None: ``SYSTEM_PROMPT``),
+    prompt_template, tool_timeout_s, max_calls_per_turn."""
     app = options.get("tool_app")
     tool = served_calculator(app) if app else calculate_here
     return ToolEnv(
         {"calculator": tool},
         options.get("system_prompt") or SYSTEM_PROMPT,
-        options.get("prompt_template", "{question}"),
+        options.get("prompt_template") or "{question}",
         float(options.get("tool_timeout_s", 10.0)),
         int(options.get("max_calls_per_turn", 4)),
     )

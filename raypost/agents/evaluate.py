@@ -37,15 +37,14 @@ def agent_accuracy(
     rows: Sequence[dict[str, Any]],
     agent: AgentConfig,
     limits: Limits,
-    tool_app: str | None = None,
+    options: dict[str, Any] | None = None,
     extract: str = "strict",
     keep_samples: int = 3,
     concurrency: int = 32,
 ) -> dict[str, Any]:
-    """Accuracy, and per episode: turns, tool calls, the share that ended on a parse error."""
-    pool = EnvPool(
-        agent.env, agent.env_options(tool_app), agent.num_env_actors, agent.cpus_per_env_actor, agent.env_timeout_s
-    )
+    """Accuracy, and per episode: turns, tool calls, the share that ended on a parse error;
+    ``options``: the environment factory's (default ``agent.env_options(None)``)."""
+    pool = EnvPool.for_agent(agent, options if options is not None else agent.env_options(None))
     try:
         eps = asyncio.run(_episodes(client, pool, tok, rows, limits, concurrency))
     finally:

@@ -45,9 +45,14 @@ class AgentConfig(StrictModel):
         True, description="Run a built-in environment's tool as its own Serve app (calculator); else in the actor."
     )
 
-    def env_options(self, tool_app: str | None) -> dict[str, Any]:
-        """What the environment factory gets: ``options`` plus the limits and the tool app's name."""
+    def env_options(
+        self, tool_app: str | None, system_prompt: str | None = None, prompt_template: str = "{question}"
+    ) -> dict[str, Any]:
+        """What the environment factory gets: ``options`` over the data section's system prompt and
+        template (so an SFT warm-up and the episodes open alike), plus the limits and the tool app."""
         return {
+            "system_prompt": system_prompt,
+            "prompt_template": prompt_template,
             **self.options,
             "tool_timeout_s": self.tool_timeout_s,
             "max_calls_per_turn": self.max_calls_per_turn,

@@ -114,7 +114,18 @@ class SyntheticTaskConfig(StrictModel):
         description="Share of training problems whose SFT demo is a "
         "weak teacher's wrong guess ('#### <first number>'); gold answers are unchanged.",
     )
+    tool_demos: bool = Field(
+        False,
+        description="chains: every training row's SFT demo is a calculator call on its expression, in Hermes "
+        "format (the tool-using agent's warm-up teaches the call, not the arithmetic).",
+    )
     seed: int = Field(1234, ge=0, description="Generator seed; eval uses seed+1.")
+
+    @model_validator(mode="after")
+    def _tool_demos_need_chains(self) -> SyntheticTaskConfig:
+        if self.tool_demos and self.task != "chains":
+            raise ValueError("tool_demos needs task: chains (a calculator call on the row's expression)")
+        return self
 
 
 class DataConfig(StrictModel):

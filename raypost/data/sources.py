@@ -155,6 +155,7 @@ def synthetic_rows(cfg: DataConfig, split: str) -> list[dict[str, Any]]:
         prefix="train",
         guess_fraction=s.guess_fraction,
         task=s.task,
+        tool_demos=s.tool_demos,
     )
     if split == "train":
         return [{"demo": "", **r} for r in train]

@@ -17,6 +17,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from raypost.data.tool_calls import format_tool_call
+
 NAMES = [
     "Ava",
     "Ben",
@@ -124,6 +126,7 @@ def generate(
     prefix: str = "syn",
     guess_fraction: float = 0.0,
     task: str = "word_problems",
+    tool_demos: bool = False,
 ) -> list[dict[str, Any]]:
     """``n`` problems from ``seed``; rows carry a stable ``id``. A ``guess_fraction`` share of
     rows get a ``demo`` (see the module docstring); the problems themselves do not depend on it."""
@@ -132,7 +135,10 @@ def generate(
     for i in range(n):
         row = make_problem(r, max_operand, two_step_fraction, task)
         row["id"] = f"{prefix}-{seed}-{i}"
-        if guess_fraction and noisy.random() < guess_fraction:
+        if tool_demos:
+            expr = row["question"].removeprefix("What is ").removesuffix("?")
+            row["demo"] = format_tool_call("calculator", {"expression": expr})
+        elif guess_fraction and noisy.random() < guess_fraction:
             row["demo"] = guess(row["question"])
         rows.append(row)
     return rows

@@ -229,8 +229,8 @@ def evaluate(cfg: GRPOConfig, data: PreparedData, version: int | None = None, mo
         a = cfg.agent
         limits = Limits(a.max_turns, a.max_episode_tokens, cfg.eval.max_new_tokens, rollout.max_model_len)
         rows = data.eval_rows(cfg.data.max_eval_samples)
-        tool = app_names(cfg).get("tool")
-        return agent_accuracy(client, load_tokenizer(model_path), rows, a, limits, tool, extract=cfg.eval.extract)
+        opts = a.env_options(app_names(cfg).get("tool"), cfg.data.system_prompt, cfg.data.prompt_template)
+        return agent_accuracy(client, load_tokenizer(model_path), rows, a, limits, opts, extract=cfg.eval.extract)
     return rollout_accuracy(
         client, data.eval_rows(cfg.data.max_eval_samples), cfg.eval.max_new_tokens, extract=cfg.eval.extract
     )

@@ -91,6 +91,7 @@ def _grpo(cfg: GRPOConfig, run_dir: Path, heldout: bool) -> dict[str, Any]:
         "heldout_n": after["n"],
         "heldout_before": {k: v for k, v in before.items() if k != "samples"},
         "heldout_after": {k: v for k, v in after.items() if k != "samples"},
+        "samples_before": before["samples"],
         "samples_after": after["samples"],
         "final_metrics": metrics,
         "phase_s": {"warmup": warmup_s, "grpo": grpo_s},

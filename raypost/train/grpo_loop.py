@@ -111,8 +111,8 @@ def _producer(cfg: GRPOConfig, state: checkpointing.ControllerState, lc: LoopCon
         from raypost.agents import AgentRollout, EnvPool
 
         a = cfg.agent
-        pool = EnvPool(
-            a.env, a.env_options(lc.apps.get("tool")), a.num_env_actors, a.cpus_per_env_actor, a.env_timeout_s
+        pool = EnvPool.for_agent(
+            a, a.env_options(lc.apps.get("tool"), cfg.data.system_prompt, cfg.data.prompt_template)
         )
         rollout = AgentRollout(client, pool, tok, a, cfg.algo, cfg.rollout.max_model_len).group
     return RolloutProducer(
