@@ -55,7 +55,7 @@ def single_round(client: Any, prompts: list[list[int]], g: int, tokens: int) -> 
 def multi_round(client: Any, pool: Any, tok: Any, questions: list[str], g: int, tokens: int, turns: int) -> int:
     from raypost.agents import Limits, run_episode
 
-    limits = Limits(turns, 100_000, tokens // turns, 2048)
+    limits = Limits(turns, 100_000, tokens // turns, 512)
 
     async def generate(ids: list[int], max_tokens: int) -> tuple[dict[str, Any], int]:
         [out] = await client.agenerate([ids], 1, {"temperature": 1.0, "max_tokens": max_tokens})
@@ -94,7 +94,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     questions = [r["question"] for r in synthetic.generate(args.groups, seed=99)]
     prompts = [prompt_ids(tok, q, None) for q in questions]
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    cfg = build(RolloutConfig, {"num_replicas": 1, "cpus_per_replica": 1, "max_model_len": 2048})
+    cfg = build(RolloutConfig, {"num_replicas": 1, "cpus_per_replica": 1, "max_model_len": 512})
     serve.run(build_app(str(model), cfg), name="rollout", route_prefix=None)
     client = RolloutClient("rollout", chunk=1)
     pool = EnvPool("benchmarks.agent_rollout:fixed_turns", {}, 2, 0.05, timeout_s=60)
