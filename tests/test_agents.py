@@ -204,3 +204,14 @@ def test_tool_demos_teach_the_call_after_the_episodes_system_prompt():
     assert opening == [{"role": "system", "content": "SYS"}, {"role": "user", "content": "Q: 1 + 2"}]
     mine = AgentConfig(env="calculator", options={"system_prompt": "MINE"}).env_options(None, "SYS")
     assert mine["system_prompt"] == "MINE"  # agent.options wins over the data section
+
+
+def test_only_an_answered_episode_has_text_to_score():
+    from raypost.agents import Episode
+    from raypost.agents.rollout import to_sample
+
+    call = format_tool_call("calculator", {"expression": "600969"})  # the result smuggled into a call
+    cut = Episode([1], [5, 6], [1, 1], [-0.1, -0.2], version=2, turns=4, finish="max_turns", answer=call)
+    done = Episode([1], [5, 6], [1, 1], [-0.1, -0.2], version=2, turns=2, finish="answer", answer="#### 600969")
+    assert to_sample(cut).text == "" and to_sample(done).text == "#### 600969"
+    assert to_sample(cut).mask == [1, 1] and to_sample(cut).finish_reason == "stop"

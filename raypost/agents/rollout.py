@@ -24,12 +24,16 @@ def _retry(err: BaseException) -> bool:
 
 
 def to_sample(ep: Episode) -> Sample:
+    """The episode as a sample; only an episode that ended on an answer has text for the reward
+    service to score (the held-out evaluation counts the same): one cut off at ``max_turns`` in the
+    middle of tool calls scores as an empty answer, so a model can't be paid for putting the
+    result into its last tool call (SmolLM2 learned exactly that, with flexible extraction)."""
     capped = ep.finish in ("length", "max_tokens")
     return Sample(
         ep.ids,
         ep.logprobs,
         "length" if capped else "stop",
-        ep.answer,
+        ep.answer if ep.finish == "answer" else "",
         ep.version,
         mask=ep.mask,
         turns=ep.turns,
