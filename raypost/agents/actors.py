@@ -10,7 +10,6 @@ caller retries them from the start (``raypost.agents.rollout``). Every call is b
 from __future__ import annotations
 
 import asyncio
-import importlib
 import itertools
 import uuid
 from dataclasses import asdict
@@ -18,6 +17,7 @@ from typing import Any
 
 from raypost.agents.env import ENVIRONMENTS, Environment, Message, StepResult
 from raypost.config.agent import AgentConfig
+from raypost.utils.refs import resolve_ref
 
 
 class EpisodeLostError(RuntimeError):
@@ -28,15 +28,7 @@ def env_factory(ref: str) -> Any:
     """A registered environment name, or ``package.module:factory``."""
     import raypost.agents.calculator_env  # noqa: F401 - registers the built-in environments
 
-    if ref in ENVIRONMENTS:
-        return ENVIRONMENTS[ref]
-    module, sep, attr = ref.partition(":")
-    if not sep:
-        raise ValueError(f"unknown environment {ref!r}: use one of {sorted(ENVIRONMENTS)} or 'package.module:factory'")
-    factory = getattr(importlib.import_module(module), attr, None)
-    if not callable(factory):
-        raise ValueError(f"environment {ref!r}: {module} has no callable {attr!r}")
-    return factory
+    return resolve_ref(ref, ENVIRONMENTS, "environment")
 
 
 class EnvHost:

@@ -8,12 +8,12 @@ So ``trl.rewards:accuracy_reward`` (which reads a ``solution`` column) works unc
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from raypost.rewards.verifiers import accuracy_reward, format_reward
+from raypost.utils.refs import resolve_ref
 
 RewardFn = Callable[..., list]
 BUILTIN: dict[str, RewardFn] = {"accuracy": accuracy_reward, "format": format_reward}
@@ -29,15 +29,7 @@ class RewardFunctionError(RuntimeError):
 
 def resolve(ref: str) -> RewardFn:
     """A built-in name (``accuracy``, ``format``) or an import path ``package.module:function``."""
-    if ref in BUILTIN:
-        return BUILTIN[ref]
-    module, sep, attr = ref.partition(":")
-    if not sep:
-        raise ValueError(f"unknown reward '{ref}': use one of {sorted(BUILTIN)} or 'package.module:function'")
-    fn = getattr(importlib.import_module(module), attr, None)
-    if not callable(fn):
-        raise ValueError(f"reward '{ref}': {module} has no callable '{attr}'")
-    return fn
+    return resolve_ref(ref, BUILTIN, "reward")
 
 
 @dataclass(frozen=True)
