@@ -33,9 +33,6 @@ OBSERVATION = "The tool says: 42. Go on."
 class FixedTurns:
     """Answers every turn with ``OBSERVATION`` until the episode's turn cap ends it."""
 
-    def __init__(self, options: dict[str, Any]) -> None:
-        self.question = ""
-
     async def reset(self, row: dict[str, Any]) -> list[dict[str, str]]:
         return [{"role": "user", "content": row["question"]}]
 
@@ -44,7 +41,7 @@ class FixedTurns:
 
 
 def fixed_turns(options: dict[str, Any]) -> FixedTurns:
-    return FixedTurns(options)
+    return FixedTurns()
 
 
 def single_round(client: Any, prompts: list[list[int]], g: int, tokens: int) -> int:
