@@ -1,17 +1,18 @@
 """Multi-turn rollout throughput against single-turn, at equal model tokens, on one rollout app.
 
 Single-turn is the GRPO producer's path: one request per group, n = G completions of L tokens.
-Multi-turn is the agent loop's: G episodes per group, each K turns of L/K tokens, every turn one
-request with the episode's ids so far, an environment actor answering each turn with an
-observation (``fixed_turns`` below) that is templated and appended. Both count the tokens the
-model sampled (observations excluded). The tiny random model rarely emits EOS, so turns run to
+Multi-turn is the agent loop's: G episodes per group, in lockstep, each K turns of L/K tokens;
+every turn one request with the group's episodes' ids so far, and one call to an environment actor
+answering each episode with an observation (``fixed_turns`` below) that is templated and appended.
+Both count the tokens the model sampled (observations excluded). The tiny random model rarely emits EOS, so turns run to
 their cap; the harness closes each turn with EOS (its last sampled id replaced), as a model that
 ends its turns would. Rounds alternate (single, multi, single, ...) after a warm-up round of each;
 figures are medians.
 
     .venv/bin/python -m benchmarks.agent_rollout [--shape tiny] [--groups 8] [--g 8] [--tokens 128] [--turns 4]
+        [--block-size 32]
 
-Prints a table and writes benchmarks/out/agent_rollout_<shape>.json.
+Prints a table and writes benchmarks/out/agent_rollout_<shape>[_block<n>].json.
 """
 
 from __future__ import annotations
@@ -50,26 +51,25 @@ def single_round(client: Any, prompts: list[list[int]], g: int, tokens: int) -> 
 
 
 def multi_round(client: Any, pool: Any, tok: Any, questions: list[str], g: int, tokens: int, turns: int) -> int:
-    from raypost.agents import Limits, run_episode
+    from raypost.agents import AgentRollout
+    from raypost.config.agent import AgentConfig
+    from raypost.config.grpo import AlgoConfig
 
-    limits = Limits(turns, 100_000, tokens // turns, 512)
+    class Closed(AgentRollout):  # the producer's requests, each turn closed with EOS
+        async def _generate(self, batch: list[list[int]], max_tokens: int) -> list[tuple[dict[str, Any], int]]:
+            turns = await super()._generate(batch, max_tokens)
+            return [({**c, "token_ids": [*c["token_ids"][:-1], tok.eos_token_id]}, v) for c, v in turns]
 
-    async def generate(ids: list[int], max_tokens: int) -> tuple[dict[str, Any], int]:
-        [out] = await client.agenerate([ids], 1, {"temperature": 1.0, "max_tokens": max_tokens})
-        c = dict(out["completions"][0])
-        c["token_ids"] = list(c["token_ids"][:-1]) + [tok.eos_token_id]
-        return c, out["version"]
+    agent = AgentConfig(env="benchmarks.agent_rollout:fixed_turns", max_turns=turns, max_episode_tokens=100_000)
+    algo = AlgoConfig(group_size=g, max_new_tokens=tokens // turns, temperature=1.0)
+    roll = Closed(client, pool, tok, agent, algo, 512)
 
-    async def one(q: str) -> int:
-        env = pool.env()
-        try:
-            ep = await run_episode(env, {"question": q}, tok, generate, limits)
-        finally:
-            env.close()
-        return sum(ep.mask)
+    async def group(q: str) -> int:  # the GRPO producer's way: a group's G episodes in lockstep
+        eps = await roll.episodes({"id": q, "question": q})
+        return sum(sum(ep.mask) for ep in eps)
 
     async def all_() -> list[int]:
-        return await asyncio.gather(*[one(q) for q in questions for _ in range(g)])
+        return await asyncio.gather(*[group(q) for q in questions])
 
     return sum(asyncio.run(all_()))
 
@@ -91,7 +91,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     questions = [r["question"] for r in synthetic.generate(args.groups, seed=99)]
     prompts = [prompt_ids(tok, q, None) for q in questions]
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    cfg = build(RolloutConfig, {"num_replicas": 1, "cpus_per_replica": 1, "max_model_len": 512})
+    engine = {"num_replicas": 1, "cpus_per_replica": 1, "max_model_len": 512, "block_size": args.block_size}
+    cfg = build(RolloutConfig, engine)
     serve.run(build_app(str(model), cfg), name="rollout", route_prefix=None)
     client = RolloutClient("rollout", chunk=1)
     pool = EnvPool("benchmarks.agent_rollout:fixed_turns", {}, 2, 0.05, timeout_s=60)
@@ -122,6 +123,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128, help="model tokens per sample (episode)")
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--block-size", type=int, default=None, help="rollout.block_size (None: vLLM's)")
     args = ap.parse_args()
     load = os.getloadavg()[0]
     rates = measure(args)
@@ -144,7 +146,8 @@ def main() -> None:
         "median": {"single": single, "multi": multi},
         "ratio": multi / single,
     }
-    (OUT / f"agent_rollout_{args.shape}.json").write_text(json.dumps({**out, "load_before": load}, indent=2))
+    suffix = f"_block{args.block_size}" if args.block_size else ""
+    (OUT / f"agent_rollout_{args.shape}{suffix}.json").write_text(json.dumps({**out, "load_before": load}, indent=2))
 
 
 if __name__ == "__main__":

@@ -14,13 +14,14 @@ import torch
 from raypost.agents import (
     CalculatorError,
     Limits,
+    LocalEnvs,
     StepResult,
     calculate,
     format_tool_call,
     observation_ids,
     parse_tool_calls,
     prompt_ids,
-    run_episode,
+    run_episodes,
 )
 from raypost.data import synthetic
 from raypost.rl.groups import Group, Sample
@@ -117,17 +118,24 @@ def test_observation_tokens_follow_the_chatml_turn(tok):
 
 
 class Scripted:
-    """An engine that answers turn k with ``turns[k]`` (token ids) and log-probs -0.1*(k+1)."""
+    """An engine that answers turn k of every episode with ``turns[k]`` (token ids) and log-probs
+    -0.1*(k+1); ``asked``: each call's (episodes' ids, max new tokens)."""
 
     def __init__(self, turns: list[list[int]], version: int = 3) -> None:
         self.turns, self.version, self.asked = turns, version, []
 
-    async def __call__(self, ids: list[int], max_tokens: int):
+    async def __call__(self, batch: list[list[int]], max_tokens: int):
         k = len(self.asked)
-        self.asked.append((list(ids), max_tokens))
+        self.asked.append(([list(ids) for ids in batch], max_tokens))
         out = self.turns[k][:max_tokens]
         lp = [-0.1 * (k + 1)] * len(out)
-        return {"token_ids": out, "logprobs": lp, "text": f"turn {k}", "finish_reason": "stop"}, self.version + k
+        turn = {"token_ids": out, "logprobs": lp, "text": f"turn {k}", "finish_reason": "stop"}
+        return [(turn, self.version + k)] * len(batch)
+
+
+def one_episode(env, tok, engine, limits):
+    [ep] = asyncio.run(run_episodes(LocalEnvs([env]), [{"question": "q"}], tok, engine, limits))
+    return ep
 
 
 def test_episode_ids_mask_and_logprobs_turn_by_turn(tok):
@@ -135,33 +143,63 @@ def test_episode_ids_mask_and_logprobs_turn_by_turn(tok):
     turns = [[11, 12, eos], [13, eos]]
     engine = Scripted(turns)
     env = agent_envs.two_turns({})
-    ep = asyncio.run(run_episode(env, {"question": "q"}, tok, engine, Limits(4, 100, 10, 256)))
+    ep = one_episode(env, tok, engine, Limits(4, 100, 10, 256))
     opening = prompt_ids(tok, [{"role": "user", "content": "q"}])
     obs = observation_ids(tok, [{"role": "tool", "content": "Now the final answer."}])
     assert ep.prompt_ids == opening
     assert ep.ids == turns[0] + obs + turns[1]
     assert ep.mask == [1] * 3 + [0] * len(obs) + [1] * 2
     assert ep.logprobs == pytest.approx([-0.1] * 3 + [0.0] * len(obs) + [-0.2] * 2)
-    assert engine.asked[1][0] == opening + turns[0] + obs  # turn 2 continues the exact ids, not a re-render
+    assert engine.asked[1][0] == [opening + turns[0] + obs]  # turn 2 continues the exact ids, not a re-render
     assert (ep.turns, ep.tool_calls, ep.finish, ep.version) == (2, 1, "answer", 3)
 
 
 def test_episode_limits(tok):
     eos = tok.eos_token_id
     env = agent_envs.two_turns({})
-    cut = asyncio.run(run_episode(env, {"question": "q"}, tok, Scripted([[5, 6, 7, 8]]), Limits(4, 100, 3, 256)))
+    cut = one_episode(env, tok, Scripted([[5, 6, 7, 8]]), Limits(4, 100, 3, 256))
     assert cut.finish == "length" and cut.ids == [5, 6, 7] and cut.turns == 1
-    one = asyncio.run(
-        run_episode(agent_envs.two_turns({}), {"question": "q"}, tok, Scripted([[5, eos]]), Limits(1, 100, 8, 256))
-    )
+    one = one_episode(agent_envs.two_turns({}), tok, Scripted([[5, eos]]), Limits(1, 100, 8, 256))
     assert one.finish == "max_turns" and one.ids == [5, eos]
-    tight = asyncio.run(
-        run_episode(
-            agent_envs.two_turns({}), {"question": "q"}, tok, Scripted([[5, eos], [6, eos]]), Limits(4, 6, 8, 256)
-        )
-    )
+    tight = one_episode(agent_envs.two_turns({}), tok, Scripted([[5, eos], [6, eos]]), Limits(4, 6, 8, 256))
     assert tight.finish == "max_tokens" and tight.ids == [5, eos]  # the observation would not fit in 6
     assert env.turn == 0
+
+
+class Talker:
+    """Answers each turn with ``words`` words of observation; done after ``turns`` turns."""
+
+    def __init__(self, words: int, turns: int) -> None:
+        self.words, self.turns, self.seen = words, turns, []
+
+    async def reset(self, row):
+        return [{"role": "user", "content": row["question"]}]
+
+    async def step(self, action: str) -> StepResult:
+        self.seen.append(action)
+        if len(self.seen) >= self.turns:
+            return StepResult([], done=True)
+        return StepResult([{"role": "tool", "content": " ".join(["ok"] * self.words)}])
+
+
+def test_a_batch_of_episodes_moves_in_lockstep_one_request_per_token_budget(tok):
+    """Three episodes: one answers after a turn, two go on; the one whose observation was longer
+    has less room left under max_tokens, so the second turn takes two requests, one per budget."""
+    eos = tok.eos_token_id
+    envs = [Talker(1, 1), Talker(1, 2), Talker(4, 2)]
+    engine = Scripted([[5, 6, eos], [7, eos], [7, eos]])  # a call per request
+    obs_short = observation_ids(tok, [{"role": "tool", "content": "ok"}])
+    obs_long = observation_ids(tok, [{"role": "tool", "content": "ok ok ok ok"}])
+    assert len(obs_long) - len(obs_short) >= 4
+    limits = Limits(4, 3 + len(obs_long) + 4, 8, 256)  # after turn 1: 4 tokens left to the long one, 8+ to the short
+    eps = asyncio.run(run_episodes(LocalEnvs(envs), [{"question": "q"}] * 3, tok, engine, limits))
+    assert [e.finish for e in eps] == ["answer", "answer", "answer"]
+    assert [e.turns for e in eps] == [1, 2, 2]
+    assert [len(batch) for batch, _ in engine.asked] == [3, 1, 1]  # turn 1: one request for all three
+    assert sorted(room for _, room in engine.asked[1:]) == [4, 8]
+    assert [len(e.seen) for e in envs] == [1, 2, 2]  # the finished episode's environment is not stepped again
+    assert eps[1].ids == [5, 6, eos] + obs_short + [7, eos]
+    assert eps[2].ids == [5, 6, eos] + obs_long + [7, eos]
 
 
 def test_episode_batch_masks_only_the_model_tokens():
@@ -204,6 +242,26 @@ def test_tool_demos_teach_the_call_after_the_episodes_system_prompt():
     assert opening == [{"role": "system", "content": "SYS"}, {"role": "user", "content": "Q: 1 + 2"}]
     mine = AgentConfig(env="calculator", options={"system_prompt": "MINE"}).env_options(None, "SYS")
     assert mine["system_prompt"] == "MINE"  # agent.options wins over the data section
+
+
+def test_answer_demos_are_the_second_turn_of_an_episode_as_the_loop_lays_it_out(tok):
+    """Odd rows' demos: '#### <result>' after the call and its result; their SFT prompt is the
+    episode's ids up to that turn: the opening, the call closed by EOS, the tool's observation."""
+    import json
+
+    from raypost.data.tokenize import completion_ids
+    from raypost.data.tokenize import prompt_ids as sft_prompt_ids
+
+    rows = synthetic.generate(4, seed=1, max_operand=999, task="chains", tool_demos=True)
+    assert "prior_turns" not in rows[0] and "prior_turns" in rows[1]
+    turns = json.loads(rows[1]["prior_turns"])
+    result = rows[1]["answer"].rsplit("#### ", 1)[1]
+    assert rows[1]["demo"] == f"#### {result}" and turns[1] == {"role": "tool", "content": result}
+    assert parse_tool_calls(turns[0]["content"]).calls[0].arguments["expression"] in rows[1]["question"]
+    q = rows[1]["question"]
+    opening = [{"role": "system", "content": "SYS"}, {"role": "user", "content": q}]
+    episode = prompt_ids(tok, opening) + completion_ids(tok, turns[0]["content"]) + observation_ids(tok, turns[1:])
+    assert sft_prompt_ids(tok, q, "SYS", prior_turns=turns) == episode
 
 
 def test_only_an_answered_episode_has_text_to_score():

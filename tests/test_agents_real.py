@@ -13,7 +13,7 @@ import pytest
 import requests
 import torch
 
-from raypost.agents import EnvPool, Limits, format_tool_call, observation_ids, prompt_ids, run_episode
+from raypost.agents import EnvPool, Limits, LocalEnvs, format_tool_call, observation_ids, prompt_ids, run_episodes
 from tests.conftest import run_pipeline
 
 pytestmark = pytest.mark.slow
@@ -72,9 +72,9 @@ def rollout(serve_url, turn_model):
 
 
 def greedy(client):
-    async def generate(ids: list[int], max_tokens: int):
-        [out] = await client.agenerate([ids], 1, {"temperature": 0.0, "max_tokens": max_tokens})
-        return out["completions"][0], out["version"]
+    async def generate(batch: list[list[int]], max_tokens: int):
+        outs = await client.agenerate(batch, 1, {"temperature": 0.0, "max_tokens": max_tokens}, chunk=len(batch))
+        return [(o["completions"][0], o["version"]) for o in outs]
 
     return generate
 
@@ -87,7 +87,7 @@ def test_episode_tokens_equal_a_reference_built_turn_by_turn(rollout, turn_model
 
     tok = load_tokenizer(turn_model)
     row = {"question": "Ava has 3 pens. How many pens does Ava have?"}
-    ep = asyncio.run(run_episode(two_turns({}), row, tok, greedy(rollout), Limits(4, 240, 96, 256)))
+    [ep] = asyncio.run(run_episodes(LocalEnvs([two_turns({})]), [row], tok, greedy(rollout), Limits(4, 240, 96, 256)))
     assert ep.finish == "answer" and ep.turns == 2
 
     ref = list(tok(f"<|im_start|>user\n{row['question']}<|im_end|>\n<|im_start|>assistant\n")["input_ids"])
@@ -146,11 +146,11 @@ def test_chat_completions_round_trip_a_tool_call_through_the_openai_client(rollo
 def test_tool_faults_stay_inside_the_episode_on_an_actor(ray_cluster):
     pool = EnvPool("tests.agent_envs:faulty_tools", {"tool_timeout_s": 1.0}, 1, 0.01, timeout_s=30)
     try:
-        env = pool.env()
-        asyncio.run(env.reset({"question": "q"}))
+        envs = pool.envs()
+        asyncio.run(envs.reset([{"question": "q"}, {"question": "r"}]))
         action = "".join(format_tool_call(n, a) for n, a in [("boom", {}), ("sleep", {}), ("add", {"a": 1, "b": 2})])
         t0 = time.perf_counter()
-        out = asyncio.run(env.step(action))
+        out = asyncio.run(envs.step({0: action}))[0]
         assert time.perf_counter() - t0 < 10
         texts = [m["content"] for m in out.observation]
         assert texts == [
@@ -158,8 +158,8 @@ def test_tool_faults_stay_inside_the_episode_on_an_actor(ray_cluster):
             "error: sleep did not answer within 1 s",
             "3",
         ]
-        again = asyncio.run(env.step(format_tool_call("add", {"a": 2, "b": 2})))  # the same episode goes on
-        assert again.observation[0]["content"] == "4"
+        again = asyncio.run(envs.step({0: format_tool_call("add", {"a": 2, "b": 2}), 1: "#### 1"}))  # both go on
+        assert again[0].observation[0]["content"] == "4" and again[1].done
     finally:
         pool.shutdown()
 

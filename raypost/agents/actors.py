@@ -1,9 +1,10 @@
-"""Environments in Ray actors: a pool of hosts, each running many episodes at once.
+"""Environments in Ray actors: a pool of hosts, each running many batches of episodes at once.
 
 An environment is named by a registered name (``raypost.agents.ENVIRONMENTS``) or an import path
 ``package.module:factory``; ``factory(options)`` builds one episode's environment inside the host
-actor. Hosts restart when they die (``max_restarts=-1``); the episodes they held are lost, and the
-caller retries them from the start (``raypost.agents.rollout``). Every call is bounded by
+actor. A batch (a GRPO group) lives on one host and takes one actor call per turn. Hosts restart
+when they die (``max_restarts=-1``); the batches they held are lost, and the caller retries them
+from the start (``raypost.agents.rollout``). Every call is bounded by
 ``timeout_s``.
 """
 
@@ -15,7 +16,7 @@ import uuid
 from dataclasses import asdict
 from typing import Any
 
-from raypost.agents.env import ENVIRONMENTS, Environment, Message, StepResult
+from raypost.agents.env import ENVIRONMENTS, LocalEnvs, Message, StepResult
 from raypost.config.agent import AgentConfig
 from raypost.utils.refs import resolve_ref
 
@@ -32,25 +33,25 @@ def env_factory(ref: str) -> Any:
 
 
 class EnvHost:
-    """A Ray actor (async: its episodes interleave) holding episodes by id."""
+    """A Ray actor (async: its batches interleave) holding batches of episodes by id."""
 
     def __init__(self, ref: str, options: dict[str, Any]) -> None:
         self.factory, self.options = env_factory(ref), options
-        self.episodes: dict[str, Environment] = {}
+        self.batches: dict[str, LocalEnvs] = {}
 
-    async def reset(self, eid: str, row: dict[str, Any]) -> list[Message]:
-        env = self.factory(self.options)
-        self.episodes[eid] = env
-        return await env.reset(row)
+    async def reset(self, bid: str, rows: list[dict[str, Any]]) -> list[list[Message]]:
+        envs = LocalEnvs([self.factory(self.options) for _ in rows])
+        self.batches[bid] = envs
+        return await envs.reset(rows)
 
-    async def step(self, eid: str, action: str) -> dict[str, Any]:
-        env = self.episodes.get(eid)
-        if env is None:
-            raise EpisodeLostError(f"episode {eid} is not on this environment host (it restarted)")
-        return asdict(await env.step(action))
+    async def step(self, bid: str, actions: dict[int, str]) -> dict[int, dict[str, Any]]:
+        envs = self.batches.get(bid)
+        if envs is None:
+            raise EpisodeLostError(f"episodes {bid} are not on this environment host (it restarted)")
+        return {i: asdict(r) for i, r in (await envs.step(actions)).items()}
 
-    def close(self, eid: str) -> None:
-        self.episodes.pop(eid, None)
+    def close(self, bid: str) -> None:
+        self.batches.pop(bid, None)
 
     def pid(self) -> int:
         import os
@@ -58,20 +59,21 @@ class EnvHost:
         return os.getpid()
 
 
-class RemoteEnv:
-    """One episode on a host actor, as an ``Environment``."""
+class RemoteEnvs:
+    """A batch of episodes on one host actor, as an ``EnvBatch``: one actor call per turn."""
 
     def __init__(self, host: Any, timeout_s: float) -> None:
-        self.host, self.timeout_s, self.eid = host, timeout_s, uuid.uuid4().hex
+        self.host, self.timeout_s, self.bid = host, timeout_s, uuid.uuid4().hex
 
-    async def reset(self, row: dict[str, Any]) -> list[Message]:
-        return await asyncio.wait_for(self.host.reset.remote(self.eid, row), self.timeout_s)
+    async def reset(self, rows: list[dict[str, Any]]) -> list[list[Message]]:
+        return await asyncio.wait_for(self.host.reset.remote(self.bid, rows), self.timeout_s)
 
-    async def step(self, action: str) -> StepResult:
-        return StepResult(**await asyncio.wait_for(self.host.step.remote(self.eid, action), self.timeout_s))
+    async def step(self, actions: dict[int, str]) -> dict[int, StepResult]:
+        out = await asyncio.wait_for(self.host.step.remote(self.bid, actions), self.timeout_s)
+        return {i: StepResult(**r) for i, r in out.items()}
 
     def close(self) -> None:
-        self.host.close.remote(self.eid)  # fire and forget: a dead host holds nothing
+        self.host.close.remote(self.bid)  # fire and forget: a dead host holds nothing
 
 
 class EnvPool:
@@ -91,8 +93,9 @@ class EnvPool:
         """The pool ``agent`` asks for, its factories given ``options`` (``agent.env_options(...)``)."""
         return cls(agent.env, options, agent.num_env_actors, agent.cpus_per_env_actor, agent.env_timeout_s)
 
-    def env(self) -> RemoteEnv:
-        return RemoteEnv(self.hosts[next(self._next)], self.timeout_s)
+    def envs(self) -> RemoteEnvs:
+        """A new batch of episodes on the next host."""
+        return RemoteEnvs(self.hosts[next(self._next)], self.timeout_s)
 
     def shutdown(self) -> None:
         import ray

@@ -38,6 +38,30 @@ class Environment(Protocol):
     async def step(self, action: str) -> StepResult: ...
 
 
+class EnvBatch(Protocol):
+    """The environments of a batch of episodes (one each), driven together by the agent loop:
+    one call per turn for all of them (an actor call, when they live in a host actor)."""
+
+    async def reset(self, rows: list[dict[str, Any]]) -> list[list[Message]]: ...
+
+    async def step(self, actions: dict[int, str]) -> dict[int, StepResult]: ...
+
+
+class LocalEnvs:
+    """An ``EnvBatch`` of environments in this process (tests, a host actor's own episodes)."""
+
+    def __init__(self, envs: list[Environment]) -> None:
+        self.envs = envs
+
+    async def reset(self, rows: list[dict[str, Any]]) -> list[list[Message]]:
+        return list(await asyncio.gather(*[e.reset(r) for e, r in zip(self.envs, rows, strict=True)]))
+
+    async def step(self, actions: dict[int, str]) -> dict[int, StepResult]:
+        keys = list(actions)
+        results = await asyncio.gather(*[self.envs[i].step(actions[i]) for i in keys])
+        return dict(zip(keys, results))
+
+
 class ToolEnv:
     """Answers the tool calls of each model turn (parsed from the model's own chat format) with one
     ``tool`` message each; a turn without a tool call ends the episode, its text the answer. A

@@ -8,27 +8,30 @@ from collections.abc import Sequence
 from typing import Any
 
 from raypost.agents.actors import EnvPool
-from raypost.agents.loop import Limits, run_episode
+from raypost.agents.loop import Limits, run_episodes
 from raypost.config.agent import AgentConfig
 from raypost.rewards.verifiers import answers_match
 
 
-async def _episodes(client: Any, pool: EnvPool, tok: Any, rows: Sequence[dict], limits: Limits, concurrency: int):
-    gate = asyncio.Semaphore(concurrency)
+async def _episodes(
+    client: Any, pool: EnvPool, tok: Any, rows: Sequence[dict], limits: Limits, batch: int, concurrency: int
+) -> list[Any]:
+    gate = asyncio.Semaphore(max(1, concurrency // batch))  # batches at once
 
-    async def generate(ids: list[int], max_tokens: int) -> tuple[dict[str, Any], int]:
-        [out] = await client.agenerate([ids], 1, {"temperature": 0.0, "max_tokens": max_tokens})
-        return out["completions"][0], out["version"]
+    async def generate(ids: list[list[int]], max_tokens: int) -> list[tuple[dict[str, Any], int]]:
+        outs = await client.agenerate(ids, 1, {"temperature": 0.0, "max_tokens": max_tokens}, chunk=len(ids))
+        return [(o["completions"][0], o["version"]) for o in outs]
 
-    async def one(row: dict) -> Any:
+    async def one(part: list[dict]) -> list[Any]:
         async with gate:
-            env = pool.env()
+            envs = pool.envs()
             try:
-                return await run_episode(env, row, tok, generate, limits)
+                return await run_episodes(envs, part, tok, generate, limits)
             finally:
-                env.close()
+                envs.close()
 
-    return await asyncio.gather(*[one(r) for r in rows])
+    parts = await asyncio.gather(*[one(list(rows[i : i + batch])) for i in range(0, len(rows), batch)])
+    return [e for part in parts for e in part]
 
 
 def agent_accuracy(
@@ -40,13 +43,15 @@ def agent_accuracy(
     options: dict[str, Any] | None = None,
     extract: str = "strict",
     keep_samples: int = 3,
+    batch: int = 8,
     concurrency: int = 32,
 ) -> dict[str, Any]:
     """Accuracy, and per episode: turns, tool calls, the share that ended on a parse error;
-    ``options``: the environment factory's (default ``agent.env_options(None)``)."""
+    ``options``: the environment factory's (default ``agent.env_options(None)``); ``batch`` rows
+    per lockstep batch of episodes, ``concurrency`` episodes at once."""
     pool = EnvPool.for_agent(agent, options if options is not None else agent.env_options(None))
     try:
-        eps = asyncio.run(_episodes(client, pool, tok, rows, limits, concurrency))
+        eps = asyncio.run(_episodes(client, pool, tok, rows, limits, batch, concurrency))
     finally:
         pool.shutdown()
     verdicts = [

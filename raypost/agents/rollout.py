@@ -1,5 +1,5 @@
-"""Multi-turn rollouts for the GRPO producer: G episodes per prompt row, each turn one request to
-the rollout app, each episode on an environment actor, as one ``Group`` the learner trains."""
+"""Multi-turn rollouts for the GRPO producer: G episodes per prompt row, in lockstep, on one
+environment host; each turn one request to the rollout app; one ``Group`` the learner trains."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from raypost.agents.actors import EnvPool
 from raypost.agents.episode import Episode
-from raypost.agents.loop import Limits, run_episode
+from raypost.agents.loop import Limits, run_episodes
 from raypost.config.agent import AgentConfig
 from raypost.config.grpo import AlgoConfig
 from raypost.rl.groups import Group, Sample, sampling
@@ -52,28 +52,33 @@ class AgentRollout:
         self.client, self.pool, self.tok, self.agent, self.algo = client, pool, tok, agent, algo
         self.limits = Limits(agent.max_turns, agent.max_episode_tokens, algo.max_new_tokens, max_model_len)
 
-    async def _generate(self, ids: list[int], max_tokens: int) -> tuple[dict[str, Any], int]:
+    async def _generate(self, batch: list[list[int]], max_tokens: int) -> list[tuple[dict[str, Any], int]]:
         params = {**sampling(self.algo), "max_tokens": max_tokens}
-        [out] = await self.client.agenerate([ids], 1, params)
-        return out["completions"][0], out["version"]
+        if all(ids == batch[0] for ids in batch):  # the first turn: one prompt, n samples, one prefill
+            [out] = await self.client.agenerate(batch[:1], len(batch), params)
+            return [(c, out["version"]) for c in out["completions"]]
+        outs = await self.client.agenerate(batch, 1, params, chunk=len(batch))  # one request per turn
+        return [(o["completions"][0], o["version"]) for o in outs]
 
-    async def episode(self, row: dict[str, Any]) -> Episode:
-        """One episode, retried from the start while its environment actor is lost (dead, restarting)."""
+    async def episodes(self, row: dict[str, Any]) -> list[Episode]:
+        """The group's G episodes on one environment host, retried from the start while that host
+        is lost (dead, restarting)."""
         for attempt in range(1, self.agent.episode_attempts + 1):
-            env = self.pool.env()
+            envs = self.pool.envs()
             try:
-                return await run_episode(env, row, self.tok, self._generate, self.limits)
+                rows = [row] * self.algo.group_size
+                return await run_episodes(envs, rows, self.tok, self._generate, self.limits)
             except Exception as err:  # noqa: BLE001 - classified
                 if not _retry(err) or attempt == self.agent.episode_attempts:
                     raise
-                log.warning("episode of %s lost (%s); retry %d", row["id"], type(err).__name__, attempt)
+                log.warning("episodes of %s lost (%s); retry %d", row["id"], type(err).__name__, attempt)
                 await asyncio.sleep(min(5.0, 0.5 * 2**attempt))
             finally:
-                env.close()
+                envs.close()
         raise AssertionError("unreachable")
 
     async def group(self, row: dict[str, Any]) -> Group:
-        eps = await asyncio.gather(*[self.episode(row) for _ in range(self.algo.group_size)])
+        eps = await self.episodes(row)
         if any(e.prompt_ids != eps[0].prompt_ids for e in eps):
             raise ValueError(f"environment {self.agent.env!r} opened row {row['id']} differently in one group")
         samples = [to_sample(e) for e in eps]

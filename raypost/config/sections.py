@@ -116,8 +116,9 @@ class SyntheticTaskConfig(StrictModel):
     )
     tool_demos: bool = Field(
         False,
-        description="chains: every training row's SFT demo is a calculator call on its expression, in Hermes "
-        "format (the tool-using agent's warm-up teaches the call, not the arithmetic).",
+        description="chains: the training rows' SFT demos are the calculator agent's turns, in Hermes format: "
+        "half the call on the row's expression, half the answer after that call's result (the warm-up "
+        "teaches the call and reading its result, not the arithmetic).",
     )
     seed: int = Field(1234, ge=0, description="Generator seed; eval uses seed+1.")
 

@@ -149,6 +149,14 @@ class RolloutConfig(StrictModel):
     )
     max_model_len: int = Field(512, ge=16, le=1_048_576, description="Prompt + completion tokens per sequence.")
     max_num_seqs: int = Field(256, ge=1, le=65536, description="Sequences batched by one engine step.")
+    block_size: int | None = Field(
+        None,
+        ge=16,
+        le=1024,
+        multiple_of=16,
+        description="KV-cache block size in tokens; None: vLLM's (16 on GPUs, 128 on CPUs). The prefix cache "
+        "reuses whole blocks only: multi-turn episodes shorter than a block re-prefill every turn.",
+    )
     kv_cache_gb: float = Field(1.0, gt=0, le=1024, description="CPU KV cache (VLLM_CPU_KVCACHE_SPACE) in GiB.")
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1.0, description="GPU share for the engine (GPU only).")
     cpu_bind: bool = Field(

@@ -1,7 +1,9 @@
 """Row validation: every source's rows become one schema, or a reject with a reason.
 
 Schema of a normalized row (all strings): ``id``, ``question``, ``solution`` (worked
-answer used as the SFT target), ``answer`` (normalized final answer), ``reject``
+answer used as the SFT target), ``answer`` (normalized final answer), ``prior_turns`` (JSON list of
+chat messages between the user turn and the SFT target: earlier assistant and tool turns of a
+multi-turn demo, in the prompt and not trained; '' for none), ``reject``
 (empty when the row is good), ``raw`` (the original row as JSON, kept for rejects) and
 ``where`` (``<file>:<line>`` of the row in its source; the rejects file shows it).
 """
@@ -17,7 +19,7 @@ from typing import Any
 
 from raypost.data.answers import final_answer, normalize_number, strip_calculator
 
-COLUMNS = ["id", "question", "solution", "answer", "reject", "raw", "where"]
+COLUMNS = ["id", "question", "solution", "answer", "prior_turns", "reject", "raw", "where"]
 BOM = b"\xef\xbb\xbf"
 MAX_DEPTH_HINT = "JSON nested too deeply to parse; flatten the row"
 
@@ -64,6 +66,7 @@ def normalize_row(row: Any, prompt_field: str, answer_field: str) -> dict[str, s
         "question": question.strip(),
         "solution": solution,
         "answer": final,
+        "prior_turns": "",
         "reject": "",
         "raw": "",
         "where": "",

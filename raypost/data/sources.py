@@ -77,12 +77,13 @@ def _hf_frame(batch: pd.DataFrame, schema: RowSchema, name: str) -> pd.DataFrame
 
 
 def _synthetic_frame(batch: pd.DataFrame, schema: RowSchema, split: str) -> pd.DataFrame:
-    """Normalized synthetic rows; a row's noisy ``demo``, if any, becomes its SFT target."""
+    """Normalized synthetic rows; a row's ``demo``, if any, becomes its SFT target (after its
+    ``prior_turns``, if any)."""
     rows = []
     for raw in batch.to_dict(orient="records"):
         row = schema.normalize(raw)
         if raw.get("demo"):
-            row["solution"] = raw["demo"]
+            row["solution"], row["prior_turns"] = raw["demo"], raw.get("prior_turns") or ""
         rows.append({**row, "where": f"synthetic/{split}:{raw['id']}"})
     return pd.DataFrame(rows, columns=schema.columns)
 
@@ -145,7 +146,8 @@ def load_hf(cfg: DataConfig, path: str, split: str) -> Any:
 
 def synthetic_rows(cfg: DataConfig, split: str) -> list[dict[str, Any]]:
     """The synthetic task's train or eval problems; eval never repeats a train question and has
-    no noisy demos. Every row has a ``demo`` key ('' when it has none) so the rows share columns."""
+    no demos. Every row has ``demo`` and ``prior_turns`` keys ('' when it has none) so the rows
+    share columns."""
     s = cfg.synthetic
     train = synthetic.generate(
         s.num_train,
@@ -158,12 +160,12 @@ def synthetic_rows(cfg: DataConfig, split: str) -> list[dict[str, Any]]:
         tool_demos=s.tool_demos,
     )
     if split == "train":
-        return [{"demo": "", **r} for r in train]
+        return [{"demo": "", "prior_turns": "", **r} for r in train]
     seen = {r["question"] for r in train}
     pool = synthetic.generate(
         s.num_eval * 2, s.seed + 1, s.max_operand, s.two_step_fraction, prefix="eval", task=s.task
     )
-    return [{**r, "demo": ""} for r in pool if r["question"] not in seen][: s.num_eval]
+    return [{**r, "demo": "", "prior_turns": ""} for r in pool if r["question"] not in seen][: s.num_eval]
 
 
 def check_inputs(cfg: DataConfig) -> None:

@@ -12,6 +12,7 @@ result; only SFT imitates the demo.
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from collections.abc import Callable
@@ -118,6 +119,18 @@ def guess(question: str) -> str:
     return f"#### {first.group() if first else 0}"
 
 
+def tool_demo(row: dict[str, Any], i: int) -> dict[str, str]:
+    """The calculator agent's demos, a turn each: even rows the call on the row's expression, odd
+    rows the answer after that call and its result (``prior_turns``, in the prompt, not trained)."""
+    expr = row["question"].removeprefix("What is ").removesuffix("?")
+    call = format_tool_call("calculator", {"expression": expr})
+    if i % 2 == 0:
+        return {"demo": call}
+    result = row["answer"].rsplit("#### ", 1)[1]
+    turns = [{"role": "assistant", "content": call}, {"role": "tool", "content": result}]
+    return {"demo": f"#### {result}", "prior_turns": json.dumps(turns)}
+
+
 def generate(
     n: int,
     seed: int,
@@ -136,8 +149,7 @@ def generate(
         row = make_problem(r, max_operand, two_step_fraction, task)
         row["id"] = f"{prefix}-{seed}-{i}"
         if tool_demos:
-            expr = row["question"].removeprefix("What is ").removesuffix("?")
-            row["demo"] = format_tool_call("calculator", {"expression": expr})
+            row.update(tool_demo(row, i))
         elif guess_fraction and noisy.random() < guess_fraction:
             row["demo"] = guess(row["question"])
         rows.append(row)

@@ -1,13 +1,14 @@
 """Chat template + tokenization with completion-only labels, as a Ray Data UDF.
 
-The prompt is the tokenizer's own chat template applied to the question, with the
-generation prompt appended; the completion is the solution followed by EOS. The two
+The prompt is the tokenizer's own chat template applied to the question (and a multi-turn demo's
+``prior_turns``), with the generation prompt appended; the completion is the solution followed by EOS. The two
 are tokenized separately and concatenated, which is exactly what the model sees at
 generation time (the rollout engine continues from the prompt ids).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pandas as pd
@@ -22,11 +23,17 @@ def chat_messages(question: str, system_prompt: str | None, template: str = "{qu
     return messages + [{"role": "user", "content": template.replace("{question}", question)}]
 
 
-def prompt_ids(tokenizer: Any, question: str, system_prompt: str | None, template: str = "{question}") -> list[int]:
-    """Token ids of the chat-templated prompt, ending with the assistant header."""
-    text = tokenizer.apply_chat_template(
-        chat_messages(question, system_prompt, template), tokenize=False, add_generation_prompt=True
-    )
+def prompt_ids(
+    tokenizer: Any,
+    question: str,
+    system_prompt: str | None,
+    template: str = "{question}",
+    prior_turns: list[dict[str, str]] | None = None,
+) -> list[int]:
+    """Token ids of the chat-templated prompt, ending with the assistant header; ``prior_turns``:
+    messages after the user turn (a multi-turn demo's earlier assistant and tool turns)."""
+    messages = chat_messages(question, system_prompt, template) + list(prior_turns or [])
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -62,11 +69,12 @@ class Tokenize:
 
     def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
         prompts, completions, rejects = [], [], []
-        for question, solution, rej in zip(batch["question"], batch["solution"], batch["reject"]):
+        prior = batch["prior_turns"] if "prior_turns" in batch else [""] * len(batch)
+        for question, solution, turns, rej in zip(batch["question"], batch["solution"], prior, batch["reject"]):
             if rej:
                 prompts.append([]), completions.append([]), rejects.append(rej)
                 continue
-            p = prompt_ids(self.tok, question, self.system_prompt, self.prompt_template)
+            p = prompt_ids(self.tok, question, self.system_prompt, self.prompt_template, json.loads(turns or "[]"))
             c = completion_ids(self.tok, solution)
             if len(p) + len(c) > self.max_seq_len:
                 rejects.append(

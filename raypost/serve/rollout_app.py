@@ -78,6 +78,7 @@ class RolloutServer:
             max_model_len=self.cfg.max_model_len,
             **prefill_args(self.cfg),
             max_num_seqs=self.cfg.max_num_seqs,
+            block_size=self.cfg.block_size,
             enforce_eager=self.cfg.enforce_eager,
             seed=self.cfg.seed,
             tensor_parallel_size=self.cfg.tensor_parallel_size,

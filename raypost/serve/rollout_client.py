@@ -104,9 +104,13 @@ class RolloutClient:
     def _count_retry(self) -> None:
         self.retries += 1
 
-    async def agenerate(self, prompt_ids: Sequence[Sequence[int]], n: int, sampling: Mapping[str, Any]) -> list[dict]:
-        """n completions per prompt, in prompt order; requests run concurrently."""
-        chunks = [[list(p) for p in prompt_ids[i : i + self.chunk]] for i in range(0, len(prompt_ids), self.chunk)]
+    async def agenerate(
+        self, prompt_ids: Sequence[Sequence[int]], n: int, sampling: Mapping[str, Any], chunk: int | None = None
+    ) -> list[dict]:
+        """n completions per prompt, in prompt order; ``chunk`` prompts a request (default the
+        client's); requests run concurrently."""
+        size = max(1, chunk or self.chunk)
+        chunks = [[list(p) for p in prompt_ids[i : i + size]] for i in range(0, len(prompt_ids), size)]
         parts = await asyncio.gather(*[self._one(c, n, dict(sampling)) for c in chunks])
         return [g for part in parts for g in part]
 
