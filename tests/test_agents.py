@@ -245,20 +245,25 @@ def test_tool_demos_teach_the_call_after_the_episodes_system_prompt():
 
 
 def test_answer_demos_are_the_second_turn_of_an_episode_as_the_loop_lays_it_out(tok):
-    """Odd rows' demos: '#### <result>' after the call and its result; their SFT prompt is the
-    episode's ids up to that turn: the opening, the call closed by EOS, the tool's observation."""
+    """Answer demos (tool_answer_share of the rows): '#### <result>' after the call and its result;
+    their SFT prompt is the episode's ids up to that turn: the opening, the call closed by EOS, the
+    tool's observation. With a share of 0 every demo is the call."""
     import json
 
     from raypost.data.tokenize import completion_ids
     from raypost.data.tokenize import prompt_ids as sft_prompt_ids
 
-    rows = synthetic.generate(4, seed=1, max_operand=999, task="chains", tool_demos=True)
-    assert "prior_turns" not in rows[0] and "prior_turns" in rows[1]
-    turns = json.loads(rows[1]["prior_turns"])
-    result = rows[1]["answer"].rsplit("#### ", 1)[1]
-    assert rows[1]["demo"] == f"#### {result}" and turns[1] == {"role": "tool", "content": result}
-    assert parse_tool_calls(turns[0]["content"]).calls[0].arguments["expression"] in rows[1]["question"]
-    q = rows[1]["question"]
+    rows = synthetic.generate(40, seed=1, max_operand=999, task="chains", tool_demos=True, tool_answer_share=0.25)
+    answers = [r for r in rows if "prior_turns" in r]
+    assert 4 <= len(answers) <= 16  # about a quarter
+    row = answers[0]
+    calls = synthetic.generate(4, seed=1, max_operand=999, task="chains", tool_demos=True, tool_answer_share=0.0)
+    assert all("prior_turns" not in r and parse_tool_calls(r["demo"]).calls for r in calls)
+    turns = json.loads(row["prior_turns"])
+    result = row["answer"].rsplit("#### ", 1)[1]
+    assert row["demo"] == f"#### {result}" and turns[1] == {"role": "tool", "content": result}
+    assert parse_tool_calls(turns[0]["content"]).calls[0].arguments["expression"] in row["question"]
+    q = row["question"]
     opening = [{"role": "system", "content": "SYS"}, {"role": "user", "content": q}]
     episode = prompt_ids(tok, opening) + completion_ids(tok, turns[0]["content"]) + observation_ids(tok, turns[1:])
     assert sft_prompt_ids(tok, q, "SYS", prior_turns=turns) == episode
@@ -273,3 +278,30 @@ def test_only_an_answered_episode_has_text_to_score():
     done = Episode([1], [5, 6], [1, 1], [-0.1, -0.2], version=2, turns=2, finish="answer", answer="#### 600969")
     assert to_sample(cut).text == "" and to_sample(done).text == "#### 600969"
     assert to_sample(cut).mask == [1, 1] and to_sample(cut).finish_reason == "stop"
+
+
+def test_an_openenv_environment_runs_unchanged_behind_the_adapter():
+    """tests/openenv_envs.GuessNumber is written for openenv-core alone; the adapter turns the
+    model's text into its Action, its Observations into messages, its done/reward into the step's."""
+    from raypost.agents.actors import env_factory
+
+    env = env_factory("openenv")(
+        {"env": "tests.openenv_envs:GuessNumber", "action": "tests.openenv_envs:GuessAction", "system_prompt": "S"}
+    )
+    opening = asyncio.run(env.reset({"id": "r1", "question": "Play."}))
+    assert opening == [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "Play.\n\nGuess my number, 1 to 10. Reply with the number only."},
+    ]
+    assert env.env.state.episode_id == "r1"
+    low = asyncio.run(env.step(" 5\n"))
+    assert (low.observation, low.reward, low.done) == ([{"role": "user", "content": "higher"}], 0.0, False)
+    bad = asyncio.run(env.step("seven"))
+    assert bad.info["parse_errors"] == 1
+    why = "guess: Input should be a valid integer, unable to parse string as an integer"
+    assert bad.observation[0]["content"] == f"error: not a valid GuessAction: {why}"
+    right = asyncio.run(env.step('{"guess": 7}'))  # a JSON object: the action's fields
+    assert (right.observation, right.reward, right.done) == ([], 1.0, True)
+    assert env.env.state.step_count == 2  # the unreadable turn never reached the environment
+    with pytest.raises(ValueError, match="agent.options.env and .action"):
+        env_factory("openenv")({"env": "tests.openenv_envs:GuessNumber"})

@@ -211,11 +211,18 @@ def test_calculator_app_over_http(serve_url):
         serve.delete("calc")
 
 
-@pytest.mark.parametrize("eta", [0, 1])
-def test_grpo_trains_two_turn_episodes(ray_cluster, turn_model, tmp_path, eta):
-    """Sync and async GRPO on two-turn episodes from environment actors: every step trains
-    episodes of two model turns, the loss only on the model's tokens."""
-    name = f"agent{eta}"
+OPENENV = '{"env": "tests.openenv_envs:GuessNumber", "action": "tests.openenv_envs:GuessAction"}'
+
+
+@pytest.mark.parametrize(
+    ("eta", "env", "options"),
+    [(0, "tests.agent_envs:two_turns", "{}"), (1, "tests.agent_envs:two_turns", "{}"), (0, "openenv", OPENENV)],
+)
+def test_grpo_trains_multi_turn_episodes(ray_cluster, turn_model, tmp_path, eta, env, options):
+    """Sync and async GRPO on multi-turn episodes from environment actors: every step trains
+    episodes of more than one model turn, the loss only on the model's tokens. The third case: an
+    environment written for OpenEnv, unchanged, through the adapter."""
+    name = f"agent{eta}-{env.split(':')[0].split('.')[-1]}"
     args = [
         "--model.path", str(turn_model),
         "--warmup.enabled", "false",
@@ -229,7 +236,8 @@ def test_grpo_trains_two_turn_episodes(ray_cluster, turn_model, tmp_path, eta):
         "--eval.max_new_tokens", "96",
         "--optim.micro_batch_size", "4",
         "--async_rl.eta", str(eta),
-        "--agent.env", "tests.agent_envs:two_turns",
+        "--agent.env", env,
+        "--agent.options", options,
         "--agent.num_env_actors", "1",
         "--agent.cpus_per_env_actor", "0.01",
         "--rollout.max_model_len", "256",

@@ -28,6 +28,7 @@ class EpisodeLostError(RuntimeError):
 def env_factory(ref: str) -> Any:
     """A registered environment name, or ``package.module:factory``."""
     import raypost.agents.calculator_env  # noqa: F401 - registers the built-in environments
+    import raypost.agents.openenv_env  # noqa: F401
 
     return resolve_ref(ref, ENVIRONMENTS, "environment")
 

@@ -117,8 +117,14 @@ class SyntheticTaskConfig(StrictModel):
     tool_demos: bool = Field(
         False,
         description="chains: the training rows' SFT demos are the calculator agent's turns, in Hermes format: "
-        "half the call on the row's expression, half the answer after that call's result (the warm-up "
-        "teaches the call and reading its result, not the arithmetic).",
+        "the call on the row's expression, or (tool_answer_share of rows) the answer after that call's result.",
+    )
+    tool_answer_share: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="With tool_demos: the share of demos that answer after the call's result; the rest are calls. "
+        "0: the warm-up teaches only the call, and when to stop and answer is left to the reward.",
     )
     seed: int = Field(1234, ge=0, description="Generator seed; eval uses seed+1.")
 

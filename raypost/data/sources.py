@@ -158,6 +158,7 @@ def synthetic_rows(cfg: DataConfig, split: str) -> list[dict[str, Any]]:
         guess_fraction=s.guess_fraction,
         task=s.task,
         tool_demos=s.tool_demos,
+        tool_answer_share=s.tool_answer_share,
     )
     if split == "train":
         return [{"demo": "", "prior_turns": "", **r} for r in train]

@@ -119,12 +119,12 @@ def guess(question: str) -> str:
     return f"#### {first.group() if first else 0}"
 
 
-def tool_demo(row: dict[str, Any], i: int) -> dict[str, str]:
-    """The calculator agent's demos, a turn each: even rows the call on the row's expression, odd
-    rows the answer after that call and its result (``prior_turns``, in the prompt, not trained)."""
+def tool_demo(row: dict[str, Any], answer: bool) -> dict[str, str]:
+    """The calculator agent's demo, one turn: the call on the row's expression, or (``answer``) the
+    answer after that call and its result (``prior_turns``, in the prompt, not trained)."""
     expr = row["question"].removeprefix("What is ").removesuffix("?")
     call = format_tool_call("calculator", {"expression": expr})
-    if i % 2 == 0:
+    if not answer:
         return {"demo": call}
     result = row["answer"].rsplit("#### ", 1)[1]
     turns = [{"role": "assistant", "content": call}, {"role": "tool", "content": result}]
@@ -140,16 +140,17 @@ def generate(
     guess_fraction: float = 0.0,
     task: str = "word_problems",
     tool_demos: bool = False,
+    tool_answer_share: float = 0.5,
 ) -> list[dict[str, Any]]:
     """``n`` problems from ``seed``; rows carry a stable ``id``. A ``guess_fraction`` share of
     rows get a ``demo`` (see the module docstring); the problems themselves do not depend on it."""
-    r, noisy = random.Random(seed), random.Random(seed + 7919)
+    r, noisy, demos = random.Random(seed), random.Random(seed + 7919), random.Random(seed + 104729)
     rows = []
     for i in range(n):
         row = make_problem(r, max_operand, two_step_fraction, task)
         row["id"] = f"{prefix}-{seed}-{i}"
         if tool_demos:
-            row.update(tool_demo(row, i))
+            row.update(tool_demo(row, answer=demos.random() < tool_answer_share))
         elif guess_fraction and noisy.random() < guess_fraction:
             row["demo"] = guess(row["question"])
         rows.append(row)
