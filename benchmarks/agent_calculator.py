@@ -21,14 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import OUT, ROOT, table
+from benchmarks.common import OUT, run_grpo, table
 
 EXAMPLE = "examples/grpo_agent_calculator_smollm2.yaml"
 NO_TOOL_PROMPT = "Work out the arithmetic. End with a line '#### <number>'."
@@ -43,30 +40,32 @@ OUT_FILE = OUT / "agent_calculator_smollm2.json"
 
 
 def run_one(arm: str, seed: int, root: Path) -> dict[str, Any]:
-    name = f"calc-{arm}-s{seed}"
-    cmd = [
-        *[sys.executable, "-m", "raypost.cli", "grpo", "--config", EXAMPLE, *ARMS[arm]],
-        *["--run.seed", str(seed), "--run.name", name, "--run.storage_path", str(root), "--run.wandb_mode", "disabled"],
-    ]
-    t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
-    report = json.loads((root / name / "report.json").read_text())
-    rows = [json.loads(x) for x in (root / name / "metrics.jsonl").read_text().splitlines()]
+    args = [*ARMS[arm], "--run.seed", str(seed)]
+    return record(arm, seed, args, *run_grpo(EXAMPLE, f"calc-{arm}-s{seed}", root, args))
+
+
+def collected(arm: str, seed: int, run_dir: Path) -> dict[str, Any]:
+    """A run made by hand with the arm's overrides (``--collect``): its report and metrics."""
+    report = json.loads((run_dir / "report.json").read_text())
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     grpo = [r for r in rows if r.get("phase") == "grpo"]
+    return record(arm, seed, [*ARMS[arm], "--run.seed", str(seed)], report, grpo, report["wall_s"])
+
+
+def record(arm: str, seed: int, args: list[str], report: dict, grpo: list[dict], wall_s: float) -> dict[str, Any]:
     keep = ("accuracy", "n", "turns", "tool_calls", "parse_error_end_frac", "finish")
     return {
         "arm": arm,
         "seed": seed,
-        "command": " ".join(cmd[2:]),
+        "command": " ".join(["raypost grpo --config", EXAMPLE, *args]),
         "before": {k: v for k, v in report["heldout_before"].items() if k in keep},
         "after": {k: v for k, v in report["heldout_after"].items() if k in keep},
         "gain": report["heldout_gain"],
         "reward_by_step": [round(r["reward_mean"], 4) for r in grpo],
         "step_s": statistics.mean(r["step_s"] for r in grpo),
         "warmup_s": report["phase_s"]["warmup"],
-        "wall_s": time.time() - t0,
+        "wall_s": wall_s,
+        "learner_rss_gb": [round(r["learner_rss_gb"], 2) for r in grpo if "learner_rss_gb" in r],
         "samples_after": report["samples_after"][:2],
     }
 
@@ -93,9 +92,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    ap.add_argument("--collect", nargs=3, metavar=("ARM", "SEED", "RUN_DIR"), help="record a run made by hand")
     args = ap.parse_args()
     old = json.loads(OUT_FILE.read_text())["runs"] if OUT_FILE.exists() else []
     runs = {(r["arm"], r["seed"]): r for r in old}
+    if args.collect:
+        arm, seed, run_dir = args.collect
+        runs[(arm, int(seed))] = collected(arm, int(seed), Path(run_dir))
+        args.seeds = []
     with tempfile.TemporaryDirectory(prefix="agent-calc-") as tmp:
         for seed in args.seeds:
             for arm in args.arms:

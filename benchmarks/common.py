@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,20 @@ def run_child(
     if proc.returncode != 0 or line is None:
         raise RuntimeError(f"{script.name} {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return json.loads(line)
+
+
+def run_grpo(config: str, name: str, root: Path, args: list[str]) -> tuple[dict[str, Any], list[dict], float]:
+    """``raypost grpo --config config ARGS`` in a child process (its own local Ray cluster, wandb
+    off), as run ``name`` under ``root``: its report, its GRPO steps' metric rows, the wall seconds."""
+    cmd = [sys.executable, "-m", "raypost.cli", "grpo", "--config", config, *args]
+    cmd += ["--run.name", name, "--run.storage_path", str(root), "--run.wandb_mode", "disabled"]
+    t0 = time.time()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
+    report = json.loads((root / name / "report.json").read_text())
+    rows = [json.loads(x) for x in (root / name / "metrics.jsonl").read_text().splitlines()]
+    return report, [r for r in rows if r.get("phase") == "grpo"], time.time() - t0
 
 
 def step_timer(times: list[float]) -> Any:

@@ -16,14 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import OUT, ROOT, table
+from benchmarks.common import OUT, run_grpo, table
 
 # Each loss at its paper's clip range: GSPO's is per sequence (Zheng et al. 2025: 3e-4 / 4e-4);
 # CISPO (MiniMax-M1) has no lower bound on its IS weight.
@@ -37,20 +34,8 @@ LOSS_FLAGS = {
 
 
 def run_one(loss: str, seed: int, steps: int, extra: list[str], root: Path) -> dict[str, Any]:
-    name = f"pl-{loss}-s{seed}"
-    cmd = [
-        *[sys.executable, "-m", "raypost.cli", "grpo", "--config", "examples/grpo_smollm2.yaml"],
-        *["--algo.loss", loss, *LOSS_FLAGS[loss], "--algo.steps", str(steps)],
-        *["--run.seed", str(seed), "--run.name", name, "--run.storage_path", str(root), "--run.wandb_mode", "disabled"],
-        *extra,
-    ]
-    t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
-    report = json.loads((root / name / "report.json").read_text())
-    rows = [json.loads(x) for x in (root / name / "metrics.jsonl").read_text().splitlines()]
-    grpo = [r for r in rows if r.get("phase") == "grpo"]
+    args = [*["--algo.loss", loss, *LOSS_FLAGS[loss], "--algo.steps", str(steps), "--run.seed", str(seed)], *extra]
+    report, grpo, wall_s = run_grpo("examples/grpo_smollm2.yaml", f"pl-{loss}-s{seed}", root, args)
     return {
         "loss": loss,
         "seed": seed,
@@ -59,7 +44,7 @@ def run_one(loss: str, seed: int, steps: int, extra: list[str], root: Path) -> d
         "gain": report["heldout_gain"],
         "step_s": statistics.mean(r["step_s"] for r in grpo),
         "clip_frac": statistics.mean(r.get("clip_frac", 0.0) for r in grpo),
-        "wall_s": time.time() - t0,
+        "wall_s": wall_s,
     }
 
 

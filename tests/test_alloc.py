@@ -32,6 +32,8 @@ def test_jemalloc_env_keeps_what_the_process_already_preloads(monkeypatch):
     first, other = env["LD_PRELOAD"].split(" ")
     assert Path(first).is_file() and first.endswith("libjemalloc.so") and other == "/opt/libother.so"
     assert env["MALLOC_CONF"] == JEMALLOC_CONF == "dirty_decay_ms:-1,muzzy_decay_ms:-1"
+    decaying = jemalloc_env(decay_ms=5000)["env_vars"]["MALLOC_CONF"]
+    assert decaying == "dirty_decay_ms:5000,muzzy_decay_ms:5000"
 
 
 @pytest.mark.parametrize("on", [True, False])

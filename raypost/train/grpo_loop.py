@@ -128,8 +128,10 @@ def _producer(cfg: GRPOConfig, state: checkpointing.ControllerState, lc: LoopCon
 
 
 def _throughput(started: float) -> Callable[[list[Sequence], dict[str, float], float], dict[str, float]]:
-    """Per step: generated tokens per generation second and per step second, and the share of
-    the run the learner spent waiting for rollouts."""
+    """Per step: generated tokens per generation second and per step second, the share of the run
+    the learner spent waiting for rollouts, and rank 0's resident memory."""
+    import psutil
+
     waited = [0.0]
 
     def extra(seqs: list[Sequence], metrics: dict[str, float], step_s: float) -> dict[str, float]:
@@ -138,6 +140,7 @@ def _throughput(started: float) -> Callable[[list[Sequence], dict[str, float], f
             "gen_tokens_per_s": tokens / max(metrics["generate_s"], 1e-9),
             "trained_tokens_per_s": tokens / step_s,
             "learner_wait_frac": waited[0] / (time.perf_counter() - started),
+            "learner_rss_gb": psutil.Process().memory_info().rss / 2**30,  # rank 0's resident memory
         }
 
     return extra

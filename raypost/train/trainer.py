@@ -86,7 +86,7 @@ def fit(
             failure_config=ray.train.FailureConfig(max_failures=run.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=run.keep_checkpoints),
             callbacks=callbacks,
-            worker_runtime_env=jemalloc_env(res.jemalloc),
+            worker_runtime_env=jemalloc_env(res.jemalloc, res.jemalloc_decay_ms),
         ),
         datasets=datasets,
         dataset_config=ray.train.DataConfig(datasets_to_split=[], execution_options=opts),

@@ -5,7 +5,10 @@ activations) goes back to the OS when they are freed, and the next step faults i
 Train runs the training function on a thread of its own, whose glibc arena is trimmed eagerly.
 On the SmolLM2 student here that was a third of a learner step. Ray's wheel ships a jemalloc;
 preloaded with decay off, freed pages stay with the process for the next step
-(benchmarks/RESULTS.md, "jemalloc"). A process then holds its peak until it exits.
+(benchmarks/RESULTS.md, "jemalloc"). A process then holds what it freed until it exits: its peak
+when every step allocates the same shapes, and more and more when they vary (multi-turn episodes:
+a SmolLM2 learner grew 0.8-1.5 GB a step to 14 GB and out of memory), where a finite decay
+(``resources.jemalloc_decay_ms``) keeps it flat.
 """
 
 from __future__ import annotations
@@ -17,13 +20,15 @@ from typing import Any
 JEMALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
 
 
-def jemalloc_env(enabled: bool = True) -> dict[str, Any]:
-    """A Ray runtime env that preloads Ray's own jemalloc (``{}`` when off or not shipped). A
-    ``LD_PRELOAD`` or ``MALLOC_CONF`` already set in this process is kept."""
+def jemalloc_env(enabled: bool = True, decay_ms: int = -1) -> dict[str, Any]:
+    """A Ray runtime env that preloads Ray's own jemalloc (``{}`` when off or not shipped), freed
+    pages going back to the OS after ``decay_ms`` (-1: never). A ``LD_PRELOAD`` or ``MALLOC_CONF``
+    already set in this process is kept."""
     import ray
 
     lib = Path(ray.__file__).parent / "core" / "libjemalloc.so"
     if not enabled or not lib.is_file():
         return {}
     preload = " ".join(x for x in (str(lib), os.environ.get("LD_PRELOAD", "")) if x)
-    return {"env_vars": {"LD_PRELOAD": preload, "MALLOC_CONF": os.environ.get("MALLOC_CONF", JEMALLOC_CONF)}}
+    conf = JEMALLOC_CONF.replace("-1", str(decay_ms))
+    return {"env_vars": {"LD_PRELOAD": preload, "MALLOC_CONF": os.environ.get("MALLOC_CONF", conf)}}
