@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.raypost-installed
 EXTRAS ?= cpu,test
 
-.PHONY: setup redis run lint test test-fast bench chaos clean-venv
+.PHONY: setup redis run lint test test-unit test-fast bench chaos clean-venv
 
 setup: $(STAMP)
 
@@ -53,6 +53,10 @@ lint: setup
 
 test: setup redis lint
 	$(PY) -m pytest tests -q -p no:cacheprovider $(XDIST) $(PYTEST_ARGS)
+
+# tests/unit only: pure logic and fakes, no Ray cluster, about a minute.
+test-unit: setup
+	$(PY) -m pytest tests/unit -q -p no:cacheprovider $(PYTEST_ARGS)
 
 # Everything but the end-to-end runs marked `slow` (pipelines, vLLM replicas, Tune, drills).
 test-fast: setup

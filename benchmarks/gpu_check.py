@@ -24,7 +24,7 @@ machine cannot run it (no GPU, a package missing, one GPU where two are needed):
    GPU 1 (NCCL cannot put two ranks on one GPU): every tensor arrives intact.
 
     python -m benchmarks.gpu_check                  # the device: cuda when there is one
-    python -m benchmarks.gpu_check --device cpu     # the same checks on CPUs (tests/test_gpu_check.py)
+    python -m benchmarks.gpu_check --device cpu     # the same checks on CPUs (tests/integration/test_gpu_check.py)
 
 Prints a table and writes gpu_check.json into $OUT, or --out.
 """

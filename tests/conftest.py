@@ -24,7 +24,7 @@ GSM8K = SHARED / "data" / "gsm8k"
 # learners' steps 1.8x slower and the suite took 76 minutes with it; only vLLM replicas set it,
 # benchmarks/omp_wait_policy.py.)
 os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-# Credentials for the S3 endpoint that tests/test_storage.py starts on 127.0.0.1 (moto accepts any):
+# Credentials for the S3 endpoint that tests/integration/test_storage.py starts on 127.0.0.1 (moto accepts any):
 # set before the session's Ray cluster starts, so its learner workers, which write checkpoints
 # there, have them, as a real cluster's nodes have theirs.
 for _key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):

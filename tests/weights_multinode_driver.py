@@ -1,4 +1,4 @@
-"""Driver of ``tests/test_weights_multinode.py``, run by that test with RAY_ADDRESS set to its
+"""Driver of ``tests/e2e/test_weights_multinode.py``, run by that test with RAY_ADDRESS set to its
 cluster: a head, where this process pushes weights as the learner's rank 0 would, and node B
 (``rollout_node``), where the rollout replicas must run. Weights go through TRANSPORT
 (``rollout.weights.transport``: object_store or collective). Each step is reported as one JSON
@@ -56,7 +56,7 @@ def killed_during_push(client: Any, model: str, prompts: list[list[int]], victim
     kill a replica while they run: every request is answered, with version 2."""
     import ray
 
-    from tests.test_rollout import perturbed
+    from tests.integration.test_rollout import perturbed
 
     client.update_weights(2, perturbed(model, 0.05, seed=2))
     answers: list[dict] = []
@@ -86,7 +86,7 @@ def main(model: str, key: str, transport: str, scale: bool) -> None:
     from raypost.serve.rollout_client import RolloutClient
     from raypost.utils.local_head import free_port
     from raypost.weights import open_channel
-    from tests.test_rollout import perturbed, prompts_for
+    from tests.integration.test_rollout import perturbed, prompts_for
 
     ray.init()
     serve.start(http_options={"host": "127.0.0.1", "port": free_port()})

@@ -134,7 +134,7 @@ def backward_share(engine: Any, loss: torch.Tensor) -> None:
     every rank; see raypost.algos), so the shares add up to the step's loss. DeepSpeed would
     divide each micro-batch's loss by gradient_accumulation_steps and then averages gradients
     over the data-parallel ranks; this undoes both, so the step's gradient is the gradient of
-    that sum, however the batch was split (tests/test_learner_equivalence.py).
+    that sum, however the batch was split (tests/integration/test_learner_equivalence.py).
     """
     engine.backward(loss * engine.dp_world_size, scale_wrt_gas=False)
 

@@ -1,4 +1,4 @@
-"""Record real SmolLM2-135M-Instruct answers for tests/test_answers_real.py (run once, by hand):
+"""Record real SmolLM2-135M-Instruct answers for tests/unit/rewards/test_answers_real.py (run once, by hand):
 
   .venv/bin/python tests/data/record_smollm2_answers.py
 

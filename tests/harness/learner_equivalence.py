@@ -13,7 +13,8 @@ normalized per micro-batch instead of over the global batch gives another gradie
     .venv/bin/python -m tests.harness.learner_equivalence [OUT_NAME.json]
 
 Prints ||g_split - g_ref|| / ||g_ref|| per learner and ZeRO stage, and writes
-benchmarks/out/learner_equivalence.json (or OUT_NAME.json). tests/test_learner_equivalence.py asserts < 1e-5.
+benchmarks/out/learner_equivalence.json (or OUT_NAME.json).
+tests/integration/test_learner_equivalence.py asserts < 1e-5.
 """
 
 from __future__ import annotations
@@ -353,7 +354,12 @@ def main() -> None:
     for case, row in table.items():
         print(f"{case:<22}" + "".join(f"{v:>11.1e}" for v in row.values()))
     print(f"workers ran raypost from {code}")
-    dest = Path(__file__).parent / "out" / (sys.argv[1] if len(sys.argv) > 1 else "learner_equivalence.json")
+    dest = (
+        Path(__file__).resolve().parents[2]
+        / "benchmarks"
+        / "out"
+        / (sys.argv[1] if len(sys.argv) > 1 else "learner_equivalence.json")
+    )
     dest.parent.mkdir(exist_ok=True)
     dest.write_text(
         json.dumps(

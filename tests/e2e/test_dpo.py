@@ -1,0 +1,104 @@
+"""DPO on a real Ray cluster: precomputed reference log-probs give the frozen reference's loss, and
+the whole pipeline makes the policy prefer the chosen responses of held-out pairs. The losses by
+hand: tests/unit/algos/test_dpo_losses.py."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from tests.conftest import run_pipeline
+from tests.unit.algos.test_dpo_losses import Engine
+
+# Two pairs. Pair 0 is worked in the comments: beta 0.5; policy chosen/rejected log-probs -2, -4,
+# reference -3, -3.5; lengths 2 and 4. Pair 1 is pair 0 with chosen and rejected swapped.
+POLICY = ([-2.0, -4.0], [-4.0, -2.0])
+REF = ([-3.0, -3.5], [-3.5, -3.0])
+LENS = ([2.0, 4.0], [4.0, 2.0])
+
+
+def logps(values: tuple[list[float], list[float]], grad: bool = False):
+    from raypost.algos.preference import PairLogps
+
+    c = torch.tensor(values[0], requires_grad=grad)
+    r = torch.tensor(values[1], requires_grad=grad)
+    return PairLogps(c, r, torch.tensor(LENS[0]), torch.tensor(LENS[1]))
+
+
+def loss(name: str, norm: float = 2.0, **params):
+    from raypost.algos import PREFERENCE_LOSSES
+    from raypost.algos.preference import PreferenceParams
+
+    policy = logps(POLICY, grad=True)
+    out = PREFERENCE_LOSSES.get_fn(name)(policy, logps(REF), PreferenceParams(beta=0.5, **params), norm)
+    return (*out, policy)
+
+
+EMPTY = {"kind": "", "reject": "", "raw": ""}
+
+
+def softplus(x: float) -> float:
+    return math.log1p(math.exp(x))
+
+
+def test_precomputed_reference_log_probs_give_the_frozen_references_loss(ray_cluster, tiny_model):
+    """``dpo.reference: precomputed``: the Ray Data pass (one actor, micro-batches of 2) stores the
+    log-probs the learner's frozen reference computes, so the loss and its gradient are the same."""
+    import ray.data
+
+    from raypost.config.dpo import DPOConfig
+    from raypost.models.hf import load_causal_lm, load_tokenizer
+    from raypost.phases.dpo import with_reference
+    from raypost.train.steps import dpo as step
+
+    tok = load_tokenizer(str(tiny_model))
+    rows = [
+        {
+            "id": str(i),
+            "prompt_ids": tok(f"q{i} " * (1 + i))["input_ids"],
+            "chosen_ids": tok(f"yes {i}")["input_ids"],
+            "rejected_ids": tok(f"no no {i}" * (3 - i % 3))["input_ids"],
+        }
+        for i in range(5)
+    ]
+    cfg = DPOConfig.model_validate(
+        {"dpo": {"reference": "precomputed"}, "optim": {"micro_batch_size": 2}, "resources": {"cpus_per_worker": 0.5}}
+    )
+    scored = with_reference(cfg, str(tiny_model), ray.data.from_items(rows)).take_all()
+    stored = [{**r, **{k: v for k, v in s.items() if k.startswith("ref_")}} for r, s in zip(rows, scored)]
+    assert [s["id"] for s in scored] == [r["id"] for r in rows]
+    torch.manual_seed(0)
+    policy = load_causal_lm(str(tiny_model))
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    ref = load_causal_lm(str(tiny_model)).eval()
+    model_cfg = cfg.model_copy(update={"dpo": cfg.dpo.model_copy(update={"reference": "model"})})
+    losses, grads = [], []
+    for c, r, batch in ((model_cfg, ref, rows), (cfg, None, stored)):
+        policy.zero_grad()
+        loss, _ = step.loss_on(Engine(policy), r, batch, c, tok.pad_token_id, 5.0)
+        loss.backward()
+        losses.append(loss.item())
+        grads.append([p.grad.clone() for p in policy.parameters()])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5, abs=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads))
+
+
+@pytest.mark.slow
+def test_dpo_pipeline_makes_the_policy_prefer_the_chosen_responses(ray_cluster, tmp_path):
+    """The offline default, shortened: held-out pairs the policy had no preference on before
+    (the tiny model's mean log-probs of chosen and rejected are alike) are mostly preferred the
+    right way after DPO, and the implicit reward separates them."""
+    args = ["--config", "examples/dpo_tiny.yaml", "--run.storage_path", str(tmp_path), "--run.wandb_mode", "disabled"]
+    run_pipeline("dpo.py", args, ray_cluster, timeout=900)
+    report = json.loads((tmp_path / "dpo-tiny" / "report.json").read_text())
+    before, after = report["heldout"]["before"], report["heldout"]["after"]
+    assert before["eval_reward_accuracy"] == 0.0  # the policy is its own reference at the start
+    # One run here: 0.475 -> 0.750, implicit-reward accuracy 0.78 (125 steps of 16 pairs).
+    assert after["eval_logp_accuracy"] >= before["eval_logp_accuracy"] + 0.15, report["heldout"]
+    assert after["eval_reward_accuracy"] >= 0.65 and after["eval_reward_margin"] > 0, report["heldout"]
+    assert report["data"]["train"]["kept"] > 0 and (tmp_path / "dpo-tiny" / "loss.png").is_file()
