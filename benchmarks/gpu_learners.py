@@ -67,7 +67,7 @@ def _sft(kd: dict[str, Any] | None) -> Callable[[dict[str, Any]], tuple[Any, Cal
         from raypost.config import SFTConfig
         from raypost.train.objectives import objective_for
         from raypost.train.steps.sft import train_step
-        from tests.harness.learner_equivalence import sft_rows
+        from tests.harness.rows import sft_rows
 
         cfg, tok, engine = _learner(
             SFTConfig, {"optim": {"micro_batch_size": 2, "grad_accum": 4}}, ctx, lambda c: c.optim
@@ -82,7 +82,7 @@ def _grpo(ctx: dict[str, Any]) -> tuple[Any, Callable[[], float]]:
     from raypost.config.grpo import GRPOConfig
     from raypost.models.hf import load_causal_lm
     from raypost.train.steps.grpo import learn
-    from tests.harness.learner_equivalence import rl_rows
+    from tests.harness.rows import rl_rows
 
     doc = {
         "algo": {"beta": 0.05, "kl_estimator": "k3", "group_size": 4, "prompts_per_step": 2, "max_new_tokens": 64},
@@ -97,7 +97,7 @@ def _grpo(ctx: dict[str, Any]) -> tuple[Any, Callable[[], float]]:
 def _on_policy(ctx: dict[str, Any]) -> tuple[Any, Callable[[], float]]:
     from raypost.config.distill import DistillConfig
     from raypost.train.steps.onpolicy import learn
-    from tests.harness.learner_equivalence import K, rl_rows
+    from tests.harness.rows import K, rl_rows
 
     doc = {
         "distill": {
@@ -120,7 +120,7 @@ def _on_policy(ctx: dict[str, Any]) -> tuple[Any, Callable[[], float]]:
 def _reward_model(ctx: dict[str, Any]) -> tuple[Any, Callable[[], float]]:
     from raypost.config.reward_model import RewardModelConfig
     from raypost.train.steps.rm import load_reward_model, train_step
-    from tests.harness.learner_equivalence import rm_rows
+    from tests.harness.rows import rm_rows
 
     cfg, tok, engine = _learner(
         RewardModelConfig,
@@ -137,12 +137,31 @@ def _dpo(ctx: dict[str, Any]) -> tuple[Any, Callable[[], float]]:
     from raypost.config.dpo import DPOConfig
     from raypost.models.hf import load_causal_lm
     from raypost.train.steps.dpo import learn
-    from tests.harness.learner_equivalence import dpo_rows
+    from tests.harness.rows import dpo_rows
 
     cfg, tok, engine = _learner(DPOConfig, {"optim": {"micro_batch_size": 2, "grad_accum": 4}}, ctx, lambda c: c.optim)
     ref = load_causal_lm(str(ctx["model"]), ctx["precision"]).to(engine.device).eval()
     rows = dpo_rows(tok.vocab_size)
     return engine, lambda: learn(engine, ref, rows, cfg, tok.pad_token_id)["loss"]
+
+
+def _ppo(ctx: dict[str, Any]) -> tuple[Any, Callable[[], float]]:
+    """The PPO step: the critic's values and GAE, the policy's update, the critic's update."""
+    from raypost.config.ppo import PPOConfig
+    from raypost.models.hf import DTYPES
+    from raypost.train.engine import build_engine
+    from raypost.train.steps.ppo import learn
+    from tests.harness.learner_equivalence import value_model
+    from tests.harness.rows import ppo_rows
+
+    doc = {"algo": {"loss": "dapo", "group_size": 4, "prompts_per_step": 2, "max_new_tokens": 64}}
+    doc["optim"] = {"micro_batch_size": 2}
+    cfg, tok, engine = _learner(PPOConfig, doc, ctx, lambda c: c.optim.model_copy(update={"grad_accum": 4}))
+    critic_model = value_model(str(ctx["model"])).to(DTYPES[ctx["precision"]])
+    critic_optim = cfg.critic.optim.model_copy(update={"grad_accum": 4, "micro_batch_size": 2})
+    critic = build_engine(critic_model, critic_optim, cfg.deepspeed, 2, 1)
+    rows = ppo_rows(tok.vocab_size)
+    return engine, lambda: learn(engine, critic, None, rows, cfg, tok.pad_token_id, True)["loss"]
 
 
 LEARNERS = {
@@ -152,6 +171,7 @@ LEARNERS = {
     "on_policy": _on_policy,
     "reward_model": _reward_model,
     "dpo": _dpo,
+    "ppo": _ppo,
 }
 
 

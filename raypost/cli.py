@@ -38,15 +38,17 @@ def usage() -> str:
     )
 
 
-def config_keys(model: type[StrictModel], prefix: str = "") -> list[str]:
-    """One line per config key: ``--section.key (default): description``."""
+def config_keys(model: type[StrictModel], prefix: str = "", defaults: StrictModel | None = None) -> list[str]:
+    """One line per config key: ``--section.key (default): description``. ``defaults``: the
+    section as its parent builds it (a section's own default may differ from its class's)."""
     lines = []
     for name, f in model.model_fields.items():
         sub = section_model(f.annotation)
+        given = f.get_default(call_default_factory=True) if defaults is None else getattr(defaults, name)
         if sub is not None and f.annotation is sub:
-            lines += config_keys(sub, f"{prefix}{name}.")
+            lines += config_keys(sub, f"{prefix}{name}.", given if isinstance(given, sub) else None)
         else:
-            default = "required" if f.is_required() else repr(f.get_default(call_default_factory=True))
+            default = "required" if f.is_required() and defaults is None else repr(given)
             lines.append(f"  --{prefix}{name} ({default}): {f.description or ''}")
     return lines
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from raypost.algos.losses import BatchCounts, LossParams, _metrics, _with_kl
+from raypost.algos.losses import BatchCounts, LossParams, _metrics, _with_kl, per_token_advantage
 from raypost.algos.registry import POLICY_LOSSES
 
 
@@ -28,7 +28,7 @@ def cispo_loss(logp, old_logp, adv, mask, p: LossParams, kl=None, weight=None, c
         ratio = torch.exp(logp - old_logp)
         is_weight = torch.clamp(ratio, 1 - p.eps_low, 1 + p.eps_high)
         clip_hit = (is_weight != ratio).float()
-    per_token = -is_weight * adv[:, None] * logp
+    per_token = -is_weight * per_token_advantage(adv) * logp
     if weight is not None:
         per_token = per_token * weight
     per_token = _with_kl(per_token, kl, p.beta) * mask

@@ -2,10 +2,11 @@
 
 Shapes: ``logp, old_logp: [B, T]`` log-probs of the sampled tokens under the current policy
 and the ratio's anchor (the behaviour policy, or the proximal one under an off-policy
-correction, see offpolicy.py); ``adv: [B]`` one advantage per sequence; ``mask: [B, T]`` 1 on
-completion tokens. Optional ``kl: [B, T]`` is added with weight ``beta`` inside the same
-aggregation; optional ``weight: [B, T]`` (importance weights, no gradient) scales each token's
-surrogate. ``B`` = sequences in this micro-batch.
+correction, see offpolicy.py); ``adv: [B]`` one advantage per sequence, or ``[B, T]`` one per
+token (PPO's GAE; ``per_token_advantage``); ``mask: [B, T]`` 1 on completion tokens. Optional
+``kl: [B, T]`` is added with weight ``beta`` inside the same aggregation; optional
+``weight: [B, T]`` (importance weights, no gradient) scales each token's surrogate. ``B`` = sequences
+in this micro-batch.
 
 Normalization over the global batch. A learner splits one optimizer step's batch over ranks
 and micro-batches, and each call sees one micro-batch. ``counts`` holds the sizes of the
@@ -45,9 +46,14 @@ class LossParams:
     max_tokens: int = 1  # Dr.GRPO's constant normalizer (the generation budget)
 
 
+def per_token_advantage(adv: torch.Tensor) -> torch.Tensor:
+    """``adv`` laid over the tokens: [B] -> [B, 1] (broadcast over T); [B, T] as it is."""
+    return adv[:, None] if adv.dim() == 1 else adv
+
+
 def _clipped_objective(logp, old_logp, adv, p: LossParams, weight=None):
     ratio = torch.exp(logp - old_logp)
-    a = adv[:, None]
+    a = per_token_advantage(adv)
     unclipped = ratio * a
     clipped = torch.clamp(ratio, 1 - p.eps_low, 1 + p.eps_high) * a
     per_token = -torch.minimum(unclipped, clipped)

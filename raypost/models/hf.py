@@ -40,6 +40,22 @@ def load_sequence_classifier(path: str | Path, precision: str = "fp32") -> Any:
     return model
 
 
+def load_value_model(path: str | Path, precision: str = "fp32") -> Any:
+    """AutoModelForTokenClassification with one output: a value per position (PPO's critic). The
+    backbone loads from a causal LM or a reward model; the value head starts at 0, so the first
+    values are 0 and the first advantages are the discounted rewards."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    config = AutoConfig.from_pretrained(resolve(path), num_labels=1)
+    config.classifier_dropout = 0.0  # transformers' default is 0.1: noisy values, split-dependent gradients
+    model = AutoModelForTokenClassification.from_pretrained(resolve(path), config=config, dtype=DTYPES[precision])
+    model.config.pad_token_id = load_tokenizer(path).pad_token_id
+    torch.nn.init.zeros_(model.score.weight)
+    if model.score.bias is not None:
+        torch.nn.init.zeros_(model.score.bias)
+    return model
+
+
 def export_hf(model: Any, tokenizer: Any, out_dir: str | Path, state_dict: dict | None = None) -> Path:
     """Save ``model`` (merged if it is a peft model) and ``tokenizer`` as an HF folder that
     transformers and vLLM load. ``state_dict`` overrides the weights (ZeRO-3 gathered)."""

@@ -6,7 +6,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -151,8 +151,16 @@ def served(cfg: GRPOConfig, model_path: str) -> Iterator[None]:
         yield
 
 
-def train(cfg: GRPOConfig, model_path: str, data: PreparedData, run_dir: Path) -> tuple[str, float, dict]:
-    """Run the GRPO learner on Ray Train; returns (HF export path, wall seconds, last metrics)."""
+def train(
+    cfg: GRPOConfig,
+    model_path: str,
+    data: PreparedData,
+    run_dir: Path,
+    loop: Callable[[dict], None] = grpo_loop,
+    name: str = "grpo",
+) -> tuple[str, float, dict]:
+    """Run the RL learner (``loop``: GRPO's, or PPO's with its critic) on Ray Train under the Ray
+    Train run ``name``; returns (HF export path, wall seconds, last metrics)."""
     refill = cfg.algo.max_refill_rounds if cfg.algo.dynamic_sampling else 0
     # + the groups the producer may have admitted ahead of the last step (eta + 1 batches)
     need = (cfg.algo.steps * (1 + refill) + cfg.async_rl.eta + 1) * cfg.algo.prompts_per_step
@@ -160,7 +168,7 @@ def train(cfg: GRPOConfig, model_path: str, data: PreparedData, run_dir: Path) -
     record_prompt_order(run_dir, [str(r["id"]) for r in prompts.select_columns(["id"]).take_all()])
     t0 = time.time()
     result = fit(
-        grpo_loop,
+        loop,
         LoopConfig(
             cfg=cfg.model_dump(mode="json"),
             model_path=model_path,
@@ -173,7 +181,7 @@ def train(cfg: GRPOConfig, model_path: str, data: PreparedData, run_dir: Path) -
         cfg.resources,
         cfg.run.model_copy(update={"storage_path": str(run_dir)}),
         {"prompts": prompts},
-        name="grpo",
+        name=name,
     )
     if result.error is not None:
         raise result.error

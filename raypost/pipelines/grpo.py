@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,24 @@ from raypost.config.grpo import GRPOConfig
 from raypost.pipelines.registry import Pipeline, Requests
 
 log = logging.getLogger("raypost")
+
+
+def _grpo_loop() -> Callable[[dict], None]:
+    from raypost.train.grpo_loop import grpo_loop
+
+    return grpo_loop
+
+
+@dataclass(frozen=True)
+class RLJob:
+    """What an RL pipeline on this job's skeleton names: its learner (imported when it runs)."""
+
+    name: str  # the report's pipeline, the Ray Train run's name
+    title: str  # in the log lines and the plot
+    loop: Callable[[], Callable[[dict], None]]  # -> the Ray Train loop function
+
+
+GRPO = RLJob("grpo", "GRPO", _grpo_loop)
 
 
 def run(cfg: GRPOConfig, run_dir: Path) -> dict[str, Any]:
@@ -57,7 +77,7 @@ def trial(cfg: GRPOConfig, run_dir: Path) -> None:
     _grpo(cfg, run_dir, heldout=False)
 
 
-def _grpo(cfg: GRPOConfig, run_dir: Path, heldout: bool) -> dict[str, Any]:
+def _grpo(cfg: GRPOConfig, run_dir: Path, heldout: bool, job: RLJob = GRPO) -> dict[str, Any]:
     from raypost.phases import data as data_phase
     from raypost.phases import grpo as grpo_phase
     from raypost.utils.report import finish_run
@@ -72,16 +92,16 @@ def _grpo(cfg: GRPOConfig, run_dir: Path, heldout: bool) -> dict[str, Any]:
     with grpo_phase.served(cfg, sft_model):  # removed with the pushed weights when the run ends or fails
         if heldout:
             before = grpo_phase.evaluate(cfg, data, model_path=sft_model)
-            log.info("held-out accuracy before GRPO: %.3f", before["accuracy"])
+            log.info("held-out accuracy before %s: %.3f", job.title, before["accuracy"])
 
-        # GRPO on Ray Train + DeepSpeed, rollouts on Serve.
-        final_model, grpo_s, metrics = grpo_phase.train(cfg, sft_model, data, run_dir)
+        # The RL learner on Ray Train + DeepSpeed, rollouts on Serve.
+        final_model, grpo_s, metrics = grpo_phase.train(cfg, sft_model, data, run_dir, job.loop(), job.name)
         if heldout:
             after = grpo_phase.evaluate(cfg, data, version=cfg.algo.steps, model_path=sft_model)
-            log.info("held-out accuracy after GRPO: %.3f (was %.3f)", after["accuracy"], before["accuracy"])
+            log.info("held-out accuracy after %s: %.3f (was %.3f)", job.title, after["accuracy"], before["accuracy"])
 
     report = {
-        "pipeline": "grpo",
+        "pipeline": job.name,
         "config": cfg.model_dump(mode="json"),
         "model_path": final_model,
         "data": data.counts,
@@ -94,7 +114,7 @@ def _grpo(cfg: GRPOConfig, run_dir: Path, heldout: bool) -> dict[str, Any]:
         "samples_before": before["samples"],
         "samples_after": after["samples"],
         "final_metrics": metrics,
-        "phase_s": {"warmup": warmup_s, "grpo": grpo_s},
+        "phase_s": {"warmup": warmup_s, job.name: grpo_s},
         "wall_s": time.time() - t0,
     }
     finish_run(
@@ -103,7 +123,7 @@ def _grpo(cfg: GRPOConfig, run_dir: Path, heldout: bool) -> dict[str, Any]:
         "metrics.jsonl",
         ["reward_mean", "accuracy", "response_len", "loss", "step_s"],
         "reward.png",
-        "GRPO",
+        job.title,
     )
     return report
 

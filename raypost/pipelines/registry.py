@@ -24,6 +24,7 @@ MODULES: dict[str, str] = {
     "distill": "raypost.pipelines.distill",
     "reward_model": "raypost.pipelines.reward_model",
     "dpo": "raypost.pipelines.dpo",
+    "ppo": "raypost.pipelines.ppo",
 }
 
 ALIASES: Mapping[str, str] = {"model": "model.path", "dataset": "data.path", "name": "run.name"}

@@ -30,6 +30,10 @@ class Sequence:
     top_logprobs: list[float] | None = None  # [C * k] their log-probs
     correct: bool | None = None  # the completion's final answer checked against the gold one
     mask: list[int] | None = None  # [C] multi-turn: 1 on the model's tokens, 0 on observations (None: all 1)
+    reward: float = 0.0  # the sequence's scalar reward (PPO's GAE puts it on the last sampled token)
+    token_adv: list[float] | None = None  # [C] PPO: per-token advantages (GAE, whitened), set by the learner
+    returns: list[float] | None = None  # [C] PPO: the critic's targets, advantages + values
+    values: list[float] | None = None  # [C] PPO: the critic's values before this batch's updates
 
     @property
     def completion_len(self) -> int:
@@ -63,6 +67,9 @@ class LearnerBatch:
     teacher_lp: torch.Tensor | None = None  # [N, T-1] on-policy distillation: the teacher's log-probs
     top_ids: torch.Tensor | None = None  # [N, T-1, k] long: the teacher's top-k ids
     top_lp: torch.Tensor | None = None  # [N, T-1, k] float: their log-probs
+    token_adv: torch.Tensor | None = None  # [N, T-1] float PPO: per-token advantages, 0 off the completion
+    returns: torch.Tensor | None = None  # [N, T-1] float PPO: the critic's targets
+    old_values: torch.Tensor | None = None  # [N, T-1] float PPO: the critic's values before the update
 
     def to(self, device: torch.device | str) -> LearnerBatch:
         """Every tensor on ``device`` (the learner's); a no-op on CPU."""
@@ -78,4 +85,4 @@ class LearnerBatch:
     @property
     def per_token(self) -> tuple[str, ...]:
         """The fields laid out over the T-1 targets."""
-        return ("targets", "mask", "old_logp", "teacher_lp", "top_ids", "top_lp")
+        return ("targets", "mask", "old_logp", "teacher_lp", "top_ids", "top_lp", "token_adv", "returns", "old_values")

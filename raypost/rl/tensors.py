@@ -31,6 +31,7 @@ def sequences(groups: Iterable[Any], adv: torch.Tensor) -> list[Sequence]:
                     train=s.train_mask,
                     version=s.version,
                     mask=getattr(s, "mask", None),
+                    reward=float(s.reward),
                 )
             )
     return out
@@ -68,7 +69,25 @@ def collate(rows: list[Sequence], pad_id: int) -> LearnerBatch:
         old_logp=old,
         adv=torch.tensor([r.adv for r in rows], dtype=torch.float32),
         fresh=torch.tensor([float(r.stale == 0) for r in rows]),
+        **{field: _per_token(rows, name, t) for name, field in PPO_FIELDS if getattr(rows[0], name) is not None},
     )
+
+
+# PPO's per-token lists on a ``Sequence`` and the ``LearnerBatch`` fields they fill
+PPO_FIELDS = (("token_adv", "token_adv"), ("returns", "returns"), ("values", "old_values"))
+
+
+def _per_token(rows: list[Sequence], name: str, t: int) -> torch.Tensor:
+    """[N, T-1]: each row's [C] list ``name`` under its completion targets, 0 elsewhere."""
+    out = torch.zeros((len(rows), t - 1))
+    for i, r in enumerate(rows):
+        out[i, r.start - 1 : len(r.ids) - 1] = torch.tensor(getattr(r, name), dtype=torch.float32)
+    return out
+
+
+def completion_columns(x: torch.Tensor, rows: list[Sequence]) -> list[list[float]]:
+    """The inverse of ``_per_token``: each row's [C] values from an [N, T-1] tensor."""
+    return [x[i, r.start - 1 : len(r.ids) - 1].tolist() for i, r in enumerate(rows)]
 
 
 def trim_to_completions(batch: LearnerBatch) -> tuple[LearnerBatch, int]:

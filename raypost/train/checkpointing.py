@@ -81,8 +81,10 @@ def save_and_report(
     rank: int,
     hf_export: Any = None,
     run_dir: str | Path | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> None:
-    """Every rank saves its DeepSpeed shard; rank 0 adds the controller state (and an HF
+    """Every rank saves its DeepSpeed shard (and one of each ``extra`` engine, such as PPO's
+    critic, under its name's tag); rank 0 adds the controller state (and an HF
     export when ``hf_export`` is a callable taking a folder). Ray merges the folders. For a run
     stored at a URI, rank 0 first mirrors ``run_dir`` (its metrics and records) there: once Ray
     has recorded the checkpoint, the records of every step up to it are in the bucket. A kill
@@ -92,6 +94,8 @@ def save_and_report(
     sweep_orphans()
     with tempfile.TemporaryDirectory(prefix=f"{CKPT_PREFIX}{os.getpid()}-") as tmp:
         engine.save_checkpoint(tmp, tag=DS_TAG, client_state={"controller": state.to_dict()})
+        for tag, other in (extra or {}).items():
+            other.save_checkpoint(tmp, tag=tag, save_latest=False)
         save_rng(tmp, rank)
         if hf_export is not None:
             hf_export(Path(tmp) / HF_DIR)
@@ -115,6 +119,19 @@ def restore(engine: Any, start_from: str | None = None) -> ControllerState:
         if client and "controller" in client:
             return ControllerState.from_dict(client["controller"])
         return ControllerState.from_dict(json.loads((Path(d) / STATE_FILE).read_text()))
+
+
+def restore_extra(engine: Any, tag: str, start_from: str | None = None) -> bool:
+    """Load an engine saved beside the learner's (``save_and_report``'s ``extra``) from the same
+    checkpoint ``restore`` loads; False when there is none."""
+    ckpt = ray.train.get_checkpoint() or (ray.train.Checkpoint(start_from) if start_from else None)
+    if ckpt is None:
+        return False
+    with ckpt.as_directory() as d:
+        if not (Path(d) / tag).is_dir():
+            raise FileNotFoundError(f"checkpoint {ckpt.path} has no '{tag}' engine: it was saved by another learner")
+        engine.load_checkpoint(d, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)
+    return True
 
 
 def log_trained(run_dir: str | Path, step: int, sample_ids: list[str]) -> None:

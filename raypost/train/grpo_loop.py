@@ -146,29 +146,48 @@ def _throughput(started: float) -> Callable[[list[Sequence], dict[str, float], f
     return extra
 
 
-def grpo_loop(config: dict[str, Any]) -> None:
-    """Ray Train entry: ``config["loop"]``, a ``LoopConfig`` with the weight channel."""
+# (cfg, loop config, policy engine, frozen reference or None, tokenizer, restored state) ->
+# (``learn`` for the Sampler, more engines to checkpoint by tag)
+LearnFactory = Callable[
+    [Any, LoopConfig, Any, Any, Any, checkpointing.ControllerState],
+    tuple[Callable[[list[Sequence]], dict[str, float]], dict[str, Any]],
+]
+
+
+def _grpo_learn(cfg: GRPOConfig, lc: LoopConfig, engine: Any, ref: Any, tok: Any, state: Any) -> tuple[Any, dict]:
+    return (lambda rows: step.learn(engine, ref, rows, cfg, tok.pad_token_id)), {}
+
+
+def rl_loop(config: dict[str, Any], config_class: type[GRPOConfig], phase: str, make_learn: LearnFactory) -> None:
+    """A Ray Train worker of an RL learner on Serve rollouts: GRPO's family, or PPO
+    (``make_learn`` adds its critic). ``config["loop"]``: a ``LoopConfig`` with the weight channel."""
     from raypost.models.hf import load_causal_lm
 
     lc = LoopConfig.of(config)
-    cfg = GRPOConfig.model_validate(lc.cfg)
+    cfg = config_class.model_validate(lc.cfg)
     optim = cfg.optim.model_copy(update={"grad_accum": lc.grad_accum})
     rank, world, tok, engine = setup_learner(cfg, lc.model_path, optim, cfg.algo.steps)
     # The frozen reference: on the learner's device, in the learner's precision.
     ref = load_causal_lm(lc.model_path, cfg.deepspeed.precision).to(engine.device).eval() if cfg.algo.beta > 0 else None
     state = checkpointing.restore(engine)
+    learn, extra = make_learn(cfg, lc, engine, ref, tok, state)
     producer = _producer(cfg, state, lc, tok) if rank == 0 else None
     base_cursor = state.cursor
     sampler = Sampler(
-        phase="grpo",
-        label="grpo",
+        phase=phase,
+        label=phase,
         steps=cfg.algo.steps,
-        shown=("reward_mean", "accuracy", "loss", "gen_tokens_per_s", "staleness_max", "step_s"),
+        shown=("reward_mean", "accuracy", "loss", "explained_variance", "gen_tokens_per_s", "staleness_max", "step_s"),
         take=lambda st: _batch(producer, cfg, st, base_cursor),
-        learn=lambda rows: step.learn(engine, ref, rows, cfg, tok.pad_token_id),
+        learn=learn,
         extra=_throughput(time.perf_counter()),
         start=lambda: producer.start(),
         advance=lambda v: producer.advance(v),
         stop=lambda: producer.stop(),
     )
-    run_steps(cfg, lc, rank, world, engine, tok, state, sampler)
+    run_steps(cfg, lc, rank, world, engine, tok, state, sampler, extra)
+
+
+def grpo_loop(config: dict[str, Any]) -> None:
+    """Ray Train entry of the GRPO learner."""
+    rl_loop(config, GRPOConfig, "grpo", _grpo_learn)

@@ -98,6 +98,7 @@ class Worker:
     run_dir: str
     run: Any  # the pipeline's RunConfig: log_every, checkpoint_every, wandb_mode, name
     config: dict[str, Any]  # the pipeline config as the metrics logger records it
+    extra: dict[str, Any] = field(default_factory=dict)  # more engines checkpointed with it: {"critic": engine}
 
 
 def run_learner(learner: Learner, worker: Worker, state: checkpointing.ControllerState) -> None:
@@ -165,7 +166,7 @@ def _checkpoint(worker: Worker, state: checkpointing.ControllerState, metrics: d
         checkpointing.hf_exporter(worker.engine, worker.zero_stage, worker.tokenizer, worker.rank) if last else None
     )
     checkpointing.save_and_report(
-        worker.engine, state, {"step": state.step, **metrics}, worker.rank, exporter, worker.run_dir
+        worker.engine, state, {"step": state.step, **metrics}, worker.rank, exporter, worker.run_dir, worker.extra
     )
 
 

@@ -18,6 +18,7 @@ ORDER_KEYS: dict[str, tuple[str, ...]] = {
     "rm": ("data.", "pairs.", "run.seed", "train.epochs", *GLOBAL_BATCH),
     "dpo": ("data.", "pairs.", "run.seed", "dpo.epochs", *GLOBAL_BATCH),
     "grpo": ("data.", "run.seed", "algo.prompts_per_step", "algo.dynamic_sampling", "algo.max_refill_rounds"),
+    "ppo": ("data.", "run.seed", "algo.prompts_per_step", "algo.dynamic_sampling", "algo.max_refill_rounds"),
     "on_policy": ("data.", "run.seed", "distill.prompts_per_step"),
 }
 

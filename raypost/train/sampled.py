@@ -102,9 +102,11 @@ def run_steps(
     tok: Any,
     state: checkpointing.ControllerState,
     sampler: Sampler,
+    extra: dict[str, Any] | None = None,
 ) -> None:
     """The loop, from the restored ``state`` to ``sampler.steps`` (``lc``: the learner's loop
-    config, with the weight channel; ``cfg``: the pipeline config)."""
+    config, with the weight channel; ``cfg``: the pipeline config; ``extra``: more engines to
+    checkpoint, by tag)."""
     zero = cfg.deepspeed.zero_stage
     hooks = _Hooks(sampler, rank, world, engine, zero, cfg.rollout.weight_bucket_mb, state, lc.channel)
     learner = Learner(
@@ -119,6 +121,13 @@ def run_steps(
         stop=hooks.stop,
     )
     worker = Worker(
-        rank=rank, engine=engine, tokenizer=tok, zero_stage=zero, run_dir=lc.run_dir, run=cfg.run, config=lc.cfg
+        rank=rank,
+        engine=engine,
+        tokenizer=tok,
+        zero_stage=zero,
+        run_dir=lc.run_dir,
+        run=cfg.run,
+        config=lc.cfg,
+        extra=extra or {},
     )
     run_learner(learner, worker, state)

@@ -20,7 +20,6 @@ tests/integration/test_learner_equivalence.py asserts < 1e-5.
 from __future__ import annotations
 
 import json
-import random
 import sys
 import tempfile
 from collections.abc import Callable
@@ -29,87 +28,10 @@ from typing import Any
 
 import torch
 
-from raypost.data.tokenize import IGNORE_INDEX
-from raypost.rl.records import Sequence
+from tests.harness.rows import K, dpo_rows, ppo_rows, rl_rows, rm_rows, sft_rows
 
 GLOBAL_BATCH = 8
 LR = 1.0
-K = 4  # teacher top-k width
-# Completion (or supervised) lengths per row: short and long rows land in different micro-batches.
-LENGTHS = [2, 3, 45, 1, 60, 4, 30, 2]
-PROMPTS = [5, 9, 3, 12, 4, 7, 6, 3]
-
-
-def _ids(rng: random.Random, n: int, vocab: int) -> list[int]:
-    return [rng.randrange(4, vocab) for _ in range(n)]
-
-
-def sft_rows(vocab: int, teacher: bool = False) -> list[dict[str, Any]]:
-    """Packed-format SFT rows; rows 2 and 5 hold two examples each (segments 1 and 2)."""
-    rng = random.Random(0)
-    rows = []
-    for i, (p, c) in enumerate(zip(PROMPTS, LENGTHS)):
-        segments = [(p, c)] + ([(3, 5)] if i in (2, 5) else [])
-        ids, labels, pos, seg = [], [], [], []
-        for s, (sp, sc) in enumerate(segments, start=1):
-            toks = _ids(rng, sp + sc, vocab)
-            ids += toks
-            labels += [IGNORE_INDEX] * sp + toks[sp:]
-            pos += list(range(sp + sc))
-            seg += [s] * (sp + sc)
-        row = {"input_ids": ids, "labels": labels, "position_ids": pos, "segment_ids": seg, "sample_ids": str(i)}
-        if teacher:
-            n = len(ids)
-            row["teacher_ids"] = [rng.randrange(4, vocab) for _ in range(n * K)]
-            row["teacher_logprobs"] = sorted((-rng.uniform(0.1, 6.0) for _ in range(n * K)), reverse=True)
-        rows.append(row)
-    return rows
-
-
-def rl_rows(vocab: int, teacher: bool = False) -> list[Sequence]:
-    """GRPO / on-policy sequences: prompt + completion, behaviour log-probs, advantages; row 7
-    is masked out of the loss (an overlong-filtered sample). Every 5th behaviour log-prob is far
-    below the policy's (about -6.2 on this vocabulary), so its importance weight passes the cap
-    (TIS truncates it, the decoupled objective drops the token)."""
-    rng = random.Random(1)
-    rows = []
-    for i, (p, c) in enumerate(zip(PROMPTS, LENGTHS)):
-        old = [-8.0 if j % 5 == 4 else -6.2 + rng.uniform(-0.3, 0.3) for j in range(c)]
-        row = Sequence(
-            ids=_ids(rng, p + c, vocab), start=p, old=old, sample_id=f"{i}#0", adv=rng.uniform(-1.5, 1.5), train=i != 7
-        )
-        if teacher:
-            row.teacher = [-rng.uniform(1.0, 8.0) for _ in range(c)]
-            row.top_ids = [rng.randrange(4, vocab) for _ in range(c * K)]
-            row.top_logprobs = sorted((-rng.uniform(0.1, 6.0) for _ in range(c * K)), reverse=True)
-        rows.append(row)
-    return rows
-
-
-def rm_rows(vocab: int) -> list[dict[str, Any]]:
-    rng = random.Random(2)
-    return [
-        {
-            "chosen_ids": _ids(rng, p + c, vocab),
-            "rejected_ids": _ids(rng, p + LENGTHS[-1 - i], vocab),
-            "chosen_types": [],
-            "rejected_types": [],
-        }
-        for i, (p, c) in enumerate(zip(PROMPTS, LENGTHS))
-    ]
-
-
-def dpo_rows(vocab: int) -> list[dict[str, Any]]:
-    rng = random.Random(3)
-    return [
-        {
-            "id": str(i),
-            "prompt_ids": _ids(rng, p, vocab),
-            "chosen_ids": _ids(rng, c, vocab),
-            "rejected_ids": _ids(rng, LENGTHS[-1 - i], vocab),
-        }
-        for i, (p, c) in enumerate(zip(PROMPTS, LENGTHS))
-    ]
 
 
 # -- the learners' own step functions, one per case ------------------------------------------
@@ -198,6 +120,49 @@ def _dpo(loss: str) -> Callable:
     return step
 
 
+def ppo_config(micro: int, world: int) -> Any:
+    from raypost.config.ppo import PPOConfig
+
+    algo = {"loss": "dapo", "eps_high": 0.28, "group_size": 4, "prompts_per_step": 2, "max_new_tokens": 64}
+    return PPOConfig.model_validate(
+        {
+            "algo": algo,
+            "critic": {"gamma": 0.99, "lam": 0.9, "value_clip": 0.05},
+            "optim": {"micro_batch_size": micro},
+            "resources": {"num_workers": world, "cpus_per_worker": 0.5},
+        }
+    )
+
+
+def value_model(path: str) -> torch.nn.Module:
+    """PPO's critic with a seeded, non-zero value head (a zero head gives every value 0)."""
+    from raypost.models.hf import load_value_model
+
+    torch.manual_seed(0)
+    model = load_value_model(path)
+    torch.nn.init.normal_(model.score.weight, std=0.5)
+    return model
+
+
+def _ppo_policy(engine: Any, rows: list, micro: int, pad: int, world: int, path: str) -> None:
+    """The policy's update on GAE advantages whitened over the global batch (the critic fixed)."""
+    from raypost.train.steps.grpo import learn
+    from raypost.train.steps.ppo import estimate
+
+    cfg = ppo_config(micro, world)
+    estimate(value_model(path).eval(), rows, cfg, pad)
+    learn(engine, None, rows, cfg, pad)
+
+
+def _ppo_critic(engine: Any, rows: list, micro: int, pad: int, world: int, path: str) -> None:
+    """The critic's update toward its returns (the engine is the critic)."""
+    from raypost.train.steps.ppo import estimate, learn_critic
+
+    cfg = ppo_config(micro, world)
+    estimate(engine, rows, cfg, pad)
+    learn_critic(engine, rows, cfg, pad)
+
+
 # case -> (rows builder, model kind, step)
 CASES: dict[str, tuple[Callable[[int], list], str, Callable]] = {
     "sft": (sft_rows, "lm", _sft(None)),
@@ -219,6 +184,8 @@ CASES: dict[str, tuple[Callable[[int], list], str, Callable]] = {
     "reward_model": (rm_rows, "rm", _rm),
     "dpo_sigmoid": (dpo_rows, "lm", _dpo("sigmoid")),
     "simpo": (dpo_rows, "lm", _dpo("simpo")),
+    "ppo_policy": (ppo_rows, "lm", _ppo_policy),
+    "ppo_critic": (ppo_rows, "value", _ppo_critic),
 }
 
 
@@ -237,6 +204,8 @@ def _engine(model: torch.nn.Module, zero: int, micro: int, accum: int, world: in
 def _model(kind: str, path: str) -> torch.nn.Module:
     from raypost.models.hf import load_causal_lm, load_sequence_classifier
 
+    if kind == "value":
+        return value_model(path)
     torch.manual_seed(0)  # the reward model's score head is new: the same init on every run
     return load_causal_lm(path) if kind == "lm" else load_sequence_classifier(path)
 

@@ -36,7 +36,15 @@ def test_gpu_check_passes_on_the_cpu(ray_cluster, tmp_path):
     assert zero3["ok"] and zero3["same_weights"] and zero3["tensors"] > 10
     assert replica["ok"] and replica["greedy_tokens_equal"] and replica["max_logprob_diff"] < 1e-2
     steps = checks["learner_steps"]
-    assert steps["ok"] and set(steps["learners"]) == {"sft", "offline_kd", "grpo", "on_policy", "reward_model", "dpo"}
+    assert steps["ok"] and set(steps["learners"]) == {
+        "sft",
+        "offline_kd",
+        "grpo",
+        "on_policy",
+        "reward_model",
+        "dpo",
+        "ppo",
+    }
     for name, learner in steps["learners"].items():
         assert learner["device"] == "cpu" and learner["weights_moved"] > 0, name
     assert checks["learner_mfu"] == {"ok": None, "skipped": "needs a GPU", "seconds": 0.0}

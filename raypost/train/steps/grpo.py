@@ -21,8 +21,8 @@ from raypost.train.steps import accumulate, mean_metrics
 
 def learn(engine: Any, ref: Any, rows: list[Sequence], cfg: GRPOConfig, pad_id: int) -> dict[str, float]:
     """One optimizer step over this rank's sequences of the global batch (``ref``: the frozen
-    reference model, or None without a KL term). Returns the global batch's loss and the other
-    loss metrics averaged over this rank's micro-batches."""
+    reference model, or None without a KL term; rows with ``token_adv`` train on it, PPO).
+    Returns the global batch's loss and the other loss metrics averaged over this rank's micro-batches."""
     algo = cfg.algo
     params = LossParams(eps_low=algo.eps_low, eps_high=algo.eps_high, beta=algo.beta, max_tokens=algo.max_new_tokens)
     loss_fn, kl_fn = POLICY_LOSSES.get_fn(algo.loss), KL_ESTIMATORS.get_fn(algo.kl_estimator)
@@ -43,7 +43,8 @@ def learn(engine: Any, ref: Any, rows: list[Sequence], cfg: GRPOConfig, pad_id: 
             kl = kl_fn(logp, token_logprobs(ref_logits, b.targets, algo.temperature)[0])
         # One update per batch: the proximal policy is this forward's own (pre-update) log-probs.
         anchor, weight, mask, m_is = correct(logp, logp.detach(), b.old_logp, b.mask, cfg.async_rl.is_cap)
-        loss, m = loss_fn(logp, anchor, b.adv, mask, params, kl, weight, counts)
+        adv = b.token_adv if b.token_adv is not None else b.adv  # PPO: [N, T-1]; the GRPO family: [N]
+        loss, m = loss_fn(logp, anchor, adv, mask, params, kl, weight, counts)
         m.update(m_is)
         ratio, tokens = current_version_ratio(logp, b.old_logp, b.mask, b.fresh)
         fresh[0], fresh[1] = fresh[0] + ratio, fresh[1] + tokens

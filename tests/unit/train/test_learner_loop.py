@@ -19,7 +19,9 @@ def checkpoints(monkeypatch):
     monkeypatch.setattr(
         checkpointing,
         "save_and_report",
-        lambda engine, state, metrics, rank, exporter, run_dir: saved.append((state.step, metrics, exporter)),
+        lambda engine, state, metrics, rank, exporter, run_dir, extra=None: saved.append(
+            (state.step, metrics, exporter)
+        ),
     )
     monkeypatch.setattr(checkpointing, "hf_exporter", lambda *a: "export")
     return saved

@@ -39,7 +39,9 @@ def world(monkeypatch, tmp_path):
     monkeypatch.setattr(
         checkpointing,
         "save_and_report",
-        lambda engine, state, metrics, rank, exporter, run_dir: rec.events.append(("checkpoint", state.step)),
+        lambda engine, state, metrics, rank, exporter, run_dir, extra=None: rec.events.append(
+            ("checkpoint", state.step)
+        ),
     )
     monkeypatch.setattr(checkpointing, "hf_exporter", lambda *a: "export")
     cfg = GRPOConfig.model_validate(

@@ -106,7 +106,7 @@ def test_grid_search_needs_discrete_params(tmp_path):
 
 
 def test_unknown_pipeline_is_named(tmp_path):
-    path = _write(tmp_path, {"optim.lr": {"uniform": [0.1, 0.2]}}, pipeline="ppo")
+    path = _write(tmp_path, {"optim.lr": {"uniform": [0.1, 0.2]}}, pipeline="trpo")
     with pytest.raises(ConfigError, match="pipeline"):
         load_space(path)
 
