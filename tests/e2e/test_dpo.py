@@ -5,43 +5,12 @@ hand: tests/unit/algos/test_dpo_losses.py."""
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 import torch
 
 from tests.conftest import run_pipeline
 from tests.unit.algos.test_dpo_losses import Engine
-
-# Two pairs. Pair 0 is worked in the comments: beta 0.5; policy chosen/rejected log-probs -2, -4,
-# reference -3, -3.5; lengths 2 and 4. Pair 1 is pair 0 with chosen and rejected swapped.
-POLICY = ([-2.0, -4.0], [-4.0, -2.0])
-REF = ([-3.0, -3.5], [-3.5, -3.0])
-LENS = ([2.0, 4.0], [4.0, 2.0])
-
-
-def logps(values: tuple[list[float], list[float]], grad: bool = False):
-    from raypost.algos.preference import PairLogps
-
-    c = torch.tensor(values[0], requires_grad=grad)
-    r = torch.tensor(values[1], requires_grad=grad)
-    return PairLogps(c, r, torch.tensor(LENS[0]), torch.tensor(LENS[1]))
-
-
-def loss(name: str, norm: float = 2.0, **params):
-    from raypost.algos import PREFERENCE_LOSSES
-    from raypost.algos.preference import PreferenceParams
-
-    policy = logps(POLICY, grad=True)
-    out = PREFERENCE_LOSSES.get_fn(name)(policy, logps(REF), PreferenceParams(beta=0.5, **params), norm)
-    return (*out, policy)
-
-
-EMPTY = {"kind": "", "reject": "", "raw": ""}
-
-
-def softplus(x: float) -> float:
-    return math.log1p(math.exp(x))
 
 
 def test_precomputed_reference_log_probs_give_the_frozen_references_loss(ray_cluster, tiny_model):
