@@ -7,7 +7,7 @@ from pydantic import Field, model_validator
 
 from raypost.config.base import StrictModel
 from raypost.config.grpo import GRPOConfig
-from raypost.config.sections import OptimConfig, RunConfig
+from raypost.config.sections import OptimConfig, ResourcesConfig, RunConfig
 
 # Losses whose surrogate takes one advantage per token (GSPO's ratio is per sequence).
 TOKEN_LOSSES = ("grpo", "dapo", "dr_grpo", "cispo")
@@ -46,6 +46,11 @@ class PPOConfig(GRPOConfig):
     (``algo.advantage`` is not used; ``algo.group_size`` is only how many samples a prompt gets)."""
 
     critic: CriticConfig = Field(default_factory=CriticConfig, description="The value model and GAE.")
+    resources: ResourcesConfig = Field(
+        default_factory=lambda: ResourcesConfig(jemalloc_decay_ms=5000),
+        description="Learner placement. Freed pages go back to the OS after 5 s (jemalloc_decay_ms): a "
+        "SmolLM2 PPO learner holds two models, and keeping every freed page grew it 1 GB a step into an OOM.",
+    )
     run: RunConfig = Field(
         default_factory=lambda: RunConfig(name="ppo", checkpoint_every=10, log_every=1),
         description="Run folder, logging, checkpoints.",

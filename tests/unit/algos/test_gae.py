@@ -101,7 +101,7 @@ def test_ppo_config_names_what_does_not_fit():
         build(PPOConfig, {"algo": {"loss": "gspo"}})
     with pytest.raises(ConfigError, match="critic.warmup_steps 60 leaves none of algo.steps 60"):
         build(PPOConfig, {"critic": {"warmup_steps": 60}})
-    assert build(PPOConfig, {}).run.name == "ppo"
+    assert build(PPOConfig, {}).run.name == "ppo" and build(PPOConfig, {}).resources.jemalloc_decay_ms == 5000
 
 
 def test_the_value_pass_of_a_zero_head_gives_the_discounted_rewards(tiny_model):

@@ -108,3 +108,12 @@ def test_the_scan_sees_a_name_switch(tmp_path: Path) -> None:
     switch = tmp_path / "switch.py"
     switch.write_text("def f(name):\n    return 1 if name == 'grpo' else 2\n")
     assert _string_constants(switch) & set(registry.names()) == {"grpo"}
+
+
+def test_help_shows_the_defaults_a_section_gets_from_its_parent(capsys) -> None:
+    """GRPO's warm-up optimizer and PPO's critic optimizer are OptimConfigs built with their own
+    defaults: the help shows those, not the class's."""
+    assert cli.main(["ppo", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--warmup.optim.lr (0.002)" in out and "--critic.optim.lr (0.0001)" in out and "--optim.lr (5e-05)" in out
+    assert "--critic.gamma (1.0)" in out and "--model.path (None)" in out
