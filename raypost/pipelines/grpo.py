@@ -67,17 +67,19 @@ GRPO = RLJob("grpo", "GRPO", _grpo_loop)
 
 def run(cfg: GRPOConfig, run_dir: Path) -> dict[str, Any]:
     """The main job: warm-up, held-out accuracy, GRPO, held-out accuracy, report."""
-    return _grpo(cfg, run_dir, heldout=True)
+    return run_job(cfg, run_dir, heldout=True)
 
 
 def trial(cfg: GRPOConfig, run_dir: Path) -> None:
     """A Tune trial: GRPO from the sweep's shared warm-up model, without the held-out passes
     (the sweep's metric comes from the learner's reports)."""
     check(cfg)
-    _grpo(cfg, run_dir, heldout=False)
+    run_job(cfg, run_dir, heldout=False)
 
 
-def _grpo(cfg: GRPOConfig, run_dir: Path, heldout: bool, job: RLJob = GRPO) -> dict[str, Any]:
+def run_job(cfg: GRPOConfig, run_dir: Path, heldout: bool, job: RLJob = GRPO) -> dict[str, Any]:
+    """An RL job on Serve rollouts (GRPO, or PPO through ``job``): warm-up, held-out accuracy
+    (``heldout``), the learner, held-out accuracy, the report."""
     from raypost.phases import data as data_phase
     from raypost.phases import grpo as grpo_phase
     from raypost.utils.report import finish_run

@@ -41,13 +41,13 @@ PPO = grpo.RLJob("ppo", "PPO", _ppo_loop)
 
 def run(cfg: PPOConfig, run_dir: Path) -> dict[str, Any]:
     """Warm-up, held-out accuracy, PPO, held-out accuracy, report."""
-    return grpo._grpo(cfg, run_dir, heldout=True, job=PPO)
+    return grpo.run_job(cfg, run_dir, heldout=True, job=PPO)
 
 
 def trial(cfg: PPOConfig, run_dir: Path) -> None:
     """A Tune trial: PPO from the sweep's shared warm-up model, without the held-out passes."""
     grpo.check(cfg)
-    grpo._grpo(cfg, run_dir, heldout=False, job=PPO)
+    grpo.run_job(cfg, run_dir, heldout=False, job=PPO)
 
 
 PIPELINE = Pipeline(

@@ -25,11 +25,24 @@ if TYPE_CHECKING:
     import psutil
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports free on 127.0.0.1 right now. The sockets stay bound until all are
+    picked: one at a time, the kernel may hand out a port just released again (a head once got
+    the same port for its GCS and its dashboard, and ``ray start`` refused)."""
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            socks.append(socket.socket())
+            socks[-1].bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port() -> int:
     """A TCP port that is free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 @dataclass
@@ -45,11 +58,21 @@ class LocalHead:
     block: bool = True
     # False: leaving the ``with`` block removes temp_dir (logs, session files) after stopping.
     keep_temp: bool = False
-    gcs_port: int = field(default_factory=free_port)
-    dashboard_port: int = field(default_factory=free_port)
+    gcs_port: int = 0  # 0: a free port, picked with the dashboard's and the other two distinct
+    dashboard_port: int = 0
     proc: subprocess.Popen | None = None
     extra_procs: list[subprocess.Popen] = field(default_factory=list)
     nodes: list[subprocess.Popen] = field(default_factory=list)
+    # Ray's client server and dashboard agent, which otherwise default to fixed numbers (10001,
+    # 52365) and clash between heads; kept for restarts of this head.
+    side_ports: tuple[int, int] = (0, 0)
+
+    def __post_init__(self) -> None:
+        gcs, dashboard, client, agent = free_ports(4)
+        self.gcs_port = self.gcs_port or gcs
+        self.dashboard_port = self.dashboard_port or dashboard
+        if self.side_ports == (0, 0):
+            self.side_ports = (client, agent)
 
     @property
     def address(self) -> str:
@@ -90,11 +113,10 @@ class LocalHead:
             "--dashboard-port",
             str(self.dashboard_port),
             "--disable-usage-stats",
-            # Ports that otherwise default to fixed numbers (10001, 52365) and clash between heads.
             "--ray-client-server-port",
-            str(free_port()),
+            str(self.side_ports[0]),
             "--dashboard-agent-listen-port",
-            str(free_port()),
+            str(self.side_ports[1]),
         ]
 
     def start(self, timeout: float = 120.0) -> LocalHead:
