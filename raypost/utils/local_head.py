@@ -26,15 +26,11 @@ if TYPE_CHECKING:
 
 
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports free on 127.0.0.1 right now. The sockets stay bound until all are
-    picked: one at a time, the kernel may hand out a port just released again (a head once got
-    the same port for its GCS and its dashboard, and ``ray start`` refused)."""
-    socks: list[socket.socket] = []
+    """``n`` distinct TCP ports free on 127.0.0.1 now, bound together while picked (one at a time, a
+    head once got one port for its GCS and its dashboard, and ``ray start`` refused)."""
+    socks = [socket.socket() for _ in range(n)]
     try:
-        for _ in range(n):
-            socks.append(socket.socket())
-            socks[-1].bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
+        return [s.bind(("127.0.0.1", 0)) or s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
             s.close()
@@ -58,21 +54,18 @@ class LocalHead:
     block: bool = True
     # False: leaving the ``with`` block removes temp_dir (logs, session files) after stopping.
     keep_temp: bool = False
-    gcs_port: int = 0  # 0: a free port, picked with the dashboard's and the other two distinct
+    gcs_port: int = 0  # 0: a free port, distinct from the head's other three
     dashboard_port: int = 0
     proc: subprocess.Popen | None = None
     extra_procs: list[subprocess.Popen] = field(default_factory=list)
     nodes: list[subprocess.Popen] = field(default_factory=list)
-    # Ray's client server and dashboard agent, which otherwise default to fixed numbers (10001,
-    # 52365) and clash between heads; kept for restarts of this head.
-    side_ports: tuple[int, int] = (0, 0)
+    side_ports: tuple[int, int] = (0, 0)  # client server, dashboard agent (defaults 10001, 52365 clash)
 
     def __post_init__(self) -> None:
         gcs, dashboard, client, agent = free_ports(4)
         self.gcs_port = self.gcs_port or gcs
         self.dashboard_port = self.dashboard_port or dashboard
-        if self.side_ports == (0, 0):
-            self.side_ports = (client, agent)
+        self.side_ports = self.side_ports if any(self.side_ports) else (client, agent)
 
     @property
     def address(self) -> str:
