@@ -121,10 +121,10 @@ def restore(engine: Any, start_from: str | None = None) -> ControllerState:
         return ControllerState.from_dict(json.loads((Path(d) / STATE_FILE).read_text()))
 
 
-def restore_extra(engine: Any, tag: str, start_from: str | None = None) -> bool:
+def restore_extra(engine: Any, tag: str) -> bool:
     """Load an engine saved beside the learner's (``save_and_report``'s ``extra``) from the same
     checkpoint ``restore`` loads; False when there is none."""
-    ckpt = ray.train.get_checkpoint() or (ray.train.Checkpoint(start_from) if start_from else None)
+    ckpt = ray.train.get_checkpoint()
     if ckpt is None:
         return False
     with ckpt.as_directory() as d:
