@@ -42,19 +42,31 @@ TINY = {
 }
 
 
+SERVE_PORT = pytest.StashKey[int]()
+
+
 @pytest.fixture(scope="session")
-def ray_cluster():
-    """A local Ray cluster for this test session; returns its GCS address."""
+def ray_cluster(request: pytest.FixtureRequest):
+    """A local Ray cluster for this test session; returns its GCS address.
+
+    Serve starts with it, its HTTP proxy on 127.0.0.1 at a free port (``serve_url``). Serve is
+    cluster-wide and keeps the first http_options it gets: a pipeline run against this cluster
+    (which starts Serve on the default 8000 when none runs) would otherwise decide the port for
+    every later test on this worker, and the two xdist workers' clusters would both ask for 8000."""
     import ray
+    from ray import serve
 
     from raypost.utils.cluster import configure_ray_data
 
     temp = tempfile.mkdtemp(prefix="rpt", dir="/tmp")
     ray.init(num_cpus=4, include_dashboard=False, _temp_dir=temp, _node_ip_address="127.0.0.1", log_to_driver=False)
     configure_ray_data()
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    if not _listening(port):
+        raise RuntimeError(f"Serve's proxy did not open 127.0.0.1:{port} within 30 s")
+    request.config.stash[SERVE_PORT] = port
     yield ray.get_runtime_context().gcs_address
-    from ray import serve
-
     serve.shutdown()  # replicas stop gracefully first: a vLLM engine frees its /dev/shm segments
     ray.shutdown()
     shutil.rmtree(temp, ignore_errors=True)
@@ -141,21 +153,9 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def serve_url(ray_cluster):
-    """Ray Serve's HTTP proxy on 127.0.0.1 at a free port, once per session (Serve keeps the
-    first http_options it was started with)."""
-    from ray import serve
-
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    if not _listening(port):
-        # serve.start is a no-op once Serve runs: a test before this one started it elsewhere.
-        raise RuntimeError(
-            f"Serve's proxy is not on port {port}: an earlier test on this worker started Serve "
-            "with other http_options; request the serve_url fixture there and pass its port"
-        )
-    yield f"http://127.0.0.1:{port}"
-    serve.shutdown()
+def serve_url(ray_cluster: str, request: pytest.FixtureRequest) -> str:
+    """The session cluster's Serve HTTP proxy (started with the cluster, see ``ray_cluster``)."""
+    return f"http://127.0.0.1:{request.config.stash[SERVE_PORT]}"
 
 
 def _listening(port: int, timeout: float = 30.0) -> bool:
