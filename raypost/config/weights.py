@@ -17,6 +17,9 @@ class ShmWeights(StrictModel):
     transport: Literal["shm"] = Field("shm", description="Files in node-local shared memory.")
     dir: str = Field("/dev/shm/raypost", min_length=1, description="Where each run's pushed versions are written.")
     shared: bool = Field(False, description="dir is a mount every node shares: replicas may run on any node.")
+    fallback: Literal["object_store"] | None = Field(
+        None, description="Also publish each version there; a replica that cannot load a version loads it from there."
+    )
 
 
 class ObjectStoreWeights(StrictModel):
@@ -30,6 +33,14 @@ class CollectiveWeights(StrictModel):
     in buckets of ``rollout.weight_bucket_mb``, to any node. No file."""
 
     transport: Literal["collective"] = Field("collective", description="A process group, bucket by bucket.")
+    concurrent_transfers: int = Field(
+        4, ge=1, le=64, description="Replicas learner rank 0 sends to at once (one stalled replica holds one)."
+    )
+    fallback: Literal["object_store"] | None = Field(
+        None,
+        description="Also publish each version there (one more copy per push, in Ray's object store); a "
+        "replica whose transfer fails or times out loads the same version from there.",
+    )
 
 
 def _transport(value: Any) -> str:

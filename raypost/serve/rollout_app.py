@@ -110,7 +110,7 @@ class RolloutServer:
             await self._drain()
             self._loading: int | str = "(not known yet: fetching)"
             try:
-                version = await asyncio.wait_for(self._reload(), self.cfg.weight_timeout_s)
+                version = await asyncio.wait_for(self.channel.reload(self.version, self._load), self._reload_s)
             except Exception as err:
                 why = "timed out (rollout.weight_timeout_s)" if isinstance(err, TimeoutError) else "failed"
                 if not isinstance(self._loading, int):  # the engine was not touched: the next request retries
@@ -138,14 +138,15 @@ class RolloutServer:
         except Exception as err:  # noqa: BLE001 - bookkeeping only
             logging.getLogger("raypost").warning("could not acknowledge weight version %d: %s", self.version, err)
 
-    async def _reload(self) -> int | None:
-        """Fetch the newest version and load it into the engine's workers; its number, or None."""
-        version, source = await self.channel.fetch(self.version)
-        if source is None:
-            return None
+    @property
+    def _reload_s(self) -> float:
+        """The deadline of a reload: the channel's (rollout.weight_timeout_s; more with a fallback)."""
+        return self.channel.reload_deadline_s
+
+    async def _load(self, version: int, source: dict[str, Any]) -> None:
+        """Load ``source`` (a channel's ``fetch``) into the engine's workers as ``version``."""
         self._loading = version
         await self.engine.collective_rpc("raypost_load", args=(source,))
-        return version
 
     async def _drain(self) -> None:
         """Wait for the in-flight requests before a reload (a collective transfer starts with the

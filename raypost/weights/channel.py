@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
@@ -101,6 +101,20 @@ class WeightChannel(ABC):
     def tensors(source: Mapping[str, Any], worker: Any) -> Iterator[tuple[str, torch.Tensor]]:
         """Engine worker: (name, tensor) of each tensor of ``source`` (``fetch``'s). ``worker``
         is vLLM's worker (its ``rank`` and ``device``)."""
+
+    async def reload(self, have: int, load: Callable[[int, dict[str, Any]], Awaitable[None]]) -> int | None:
+        """Replica: ``fetch`` the newest version and ``await load(version, source)`` (into the
+        engine's workers); the version, or None when there is nothing other than ``have``."""
+        version, source = await self.fetch(have)
+        if source is None:
+            return None
+        await load(version, source)
+        return version
+
+    @property
+    def reload_deadline_s(self) -> float:
+        """Replica: how long a ``reload`` may take in all."""
+        return self.timeout_s
 
     async def newer_than(self, have: int) -> bool:
         """Replica: whether a version other than ``have`` was published (cheap: no transfer)."""
@@ -213,9 +227,13 @@ class WeightBoard:
 
 
 def open_channel(rollout: Any, key: str) -> WeightChannel:
-    """The channel that ``rollout`` (a RolloutConfig) names, for the run ``key``."""
+    """The channel that ``rollout`` (a RolloutConfig) names, for the run ``key``: its transport's,
+    or a ``FallbackChannel`` over it when ``rollout.weights.fallback`` is set."""
+    from raypost.weights.fallback import FallbackChannel
+
     settings = rollout.weights
-    return TRANSPORTS[settings.transport](
+    kind = FallbackChannel if getattr(settings, "fallback", None) else TRANSPORTS[settings.transport]
+    return kind(
         settings,
         key,
         workers=rollout.tensor_parallel_size,

@@ -5,10 +5,12 @@ gathers it (``WeightServer.offer``; the version before last's buffer, when no tr
 sends it), and runs a small server thread around a ``TCPStore`` on its
 node. A replica that finds a newer version on the board asks
 that server for it (``request``): it takes a ticket (a counter in the store) and says how many
-engine workers it has. The server answers tickets in order: it files the version and the tensor
-layout under the ticket, forms a process group of itself (rank 0) and the replica's workers
-(ranks 1..w), and broadcasts the buffer bucket by bucket (``bucket_bytes``). Each worker loads a
-bucket's tensors as it arrives (``receive``). No file is written on either side.
+engine workers it has. The server reads tickets in order and sends up to ``concurrency`` at once,
+each on a thread of its own: it files the version and the tensor layout under the ticket, forms a
+process group of itself (rank 0) and the replica's workers (ranks 1..w), and broadcasts the buffer
+bucket by bucket (``bucket_bytes``). Each worker loads a bucket's tensors as it arrives
+(``receive``). No file is written on either side. A replica whose workers stall holds one sending
+thread until ``timeout_s``; the others go on.
 
 A group lives for one transfer, so a replica that starts late, restarts or dies does not touch the
 others: a receiver that dies fails its own transfer (the server logs it and serves the next
@@ -98,7 +100,10 @@ class WeightServer:
         bucket_bytes: int = 64 << 20,
         timeout_s: float = 60.0,
         ticket_wait_s: float = 30.0,
+        concurrency: int = 4,
     ) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
         self.backend, self.bucket_bytes, self.timeout_s = backend, bucket_bytes, timeout_s
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         self.ticket_wait_s = ticket_wait_s  # a ticket taken but never filed (its replica died) is skipped
@@ -110,6 +115,7 @@ class WeightServer:
         self._sending: dict[int, int] = {}  # id of a buffer: transfers of it in flight
         self._spare: torch.Tensor | None = None  # an older version's buffer that nothing sends: refilled next
         self.sent: list[dict[str, Any]] = []  # one record per transfer: ticket, version, seconds, error
+        self._senders = ThreadPoolExecutor(concurrency, thread_name_prefix="raypost-weight-send")
         self._thread = threading.Thread(target=self._serve, name="raypost-weight-server", daemon=True)
         self._thread.start()
 
@@ -143,10 +149,15 @@ class WeightServer:
             self._spare = offer["buf"]
 
     def stop(self) -> None:
-        """Serve the tickets already taken, then end the thread."""
+        """Serve the tickets already taken, then end the threads (each transfer ends within ``timeout_s``)."""
         ticket = self.store.add("ticket", 1)
         self.store.set(f"req/{ticket}", json.dumps({STOP: True, "proof": proof(self.token, f"req/{ticket}")}))
         self._thread.join(timeout=self.timeout_s)
+        self._senders.shutdown(wait=True, cancel_futures=False)
+
+    def _log(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            self.sent = [*self.sent[-99:], record]
 
     def _serve(self) -> None:
         ticket = 1
@@ -154,7 +165,7 @@ class WeightServer:
             req = self._next_request(ticket)
             if req is not None and not hmac.compare_digest(str(req.get("proof")), proof(self.token, f"req/{ticket}")):
                 log.warning("weight server: ticket %d came without this run's token; refused", ticket)
-                self.sent = [*self.sent[-99:], {"ticket": ticket, "version": None, "error": "refused: no token"}]
+                self._log({"ticket": ticket, "version": None, "error": "refused: no token"})
             elif req is not None and req.get(STOP):
                 return
             elif req is not None:
@@ -179,10 +190,15 @@ class WeightServer:
         return req if isinstance(req, dict) else {}
 
     def _send(self, ticket: int, workers: int) -> None:
+        """Start sending the newest offer to ticket's replica on a sending thread: the offer is
+        taken (and its buffer held) now, in ticket order."""
         with self._lock:
             offer = self._offer
             if offer is not None:
                 self._sending[id(offer["buf"])] = self._sending.get(id(offer["buf"]), 0) + 1
+        self._senders.submit(self._send_held, ticket, workers, offer)
+
+    def _send_held(self, ticket: int, workers: int, offer: dict[str, Any] | None) -> None:
         try:
             self._send_offer(ticket, workers, offer)
         finally:
@@ -197,24 +213,29 @@ class WeightServer:
     def _send_offer(self, ticket: int, workers: int, offer: dict[str, Any] | None) -> None:
         t0, record = time.perf_counter(), {"ticket": ticket, "version": offer["version"] if offer else None}
         announced = False
+        # A connection of this transfer's own: a TCPStore client serializes its calls, and gloo's
+        # rendezvous waits on the store for up to timeout_s (a stalled replica would hold the rest).
+        store = dist.TCPStore(
+            self.address["host"], self.store.port, is_master=False, timeout=timedelta(seconds=self.timeout_s)
+        )
         try:
             if offer is None:
                 raise RuntimeError("a replica asked for weights before the first version was offered")
             header = {k: offer[k] for k in ("version", "meta", "buckets")}
-            self.store.set(f"{scope(self.token, ticket)}/offer", json.dumps(header))
+            store.set(f"{scope(self.token, ticket)}/offer", json.dumps(header))
             announced = True
             if self.backend == "nccl":
                 torch.cuda.set_device(self.device)  # this thread's NCCL device: the learner's
-            group = _group(self.store, scope(self.token, ticket), 0, 1 + workers, self.backend, self.timeout_s)
+            group = _group(store, scope(self.token, ticket), 0, 1 + workers, self.backend, self.timeout_s)
             for lo, hi in offer["buckets"]:  # with NCCL, one bucket at a time on the GPU
                 _broadcast(group, offer["buf"][lo:hi].to(self.device))
         except Exception as e:  # noqa: BLE001 - a receiver that died fails its own transfer only
             record["error"] = f"{type(e).__name__}: {e}"
             log.warning("weight server: transfer %d (version %s) failed: %s", ticket, record["version"], e)
             if not announced:  # the replica is waiting for the header: it fails now, not at its timeout
-                self.store.set(f"{scope(self.token, ticket)}/offer", json.dumps({"error": record["error"]}))
+                store.set(f"{scope(self.token, ticket)}/offer", json.dumps({"error": record["error"]}))
         record["seconds"] = time.perf_counter() - t0
-        self.sent = [*self.sent[-99:], record]
+        self._log(record)
 
 
 def request(address: Mapping[str, Any], workers: int, timeout_s: float = 120.0) -> dict[str, Any]:
@@ -269,7 +290,12 @@ class CollectiveChannel(WeightChannel):
 
         if self._server is None:  # NCCL when this learner has a GPU: the replicas' workers then receive on theirs
             backend = "nccl" if torch.cuda.is_available() else "gloo"
-            self._server = WeightServer(ray.util.get_node_ip_address(), backend, self.bucket_mb << 20)
+            self._server = WeightServer(
+                ray.util.get_node_ip_address(),
+                backend,
+                self.bucket_mb << 20,
+                concurrency=self.settings.concurrent_transfers,
+            )
         self._server.offer(version, specs, buckets)  # before the board names it: a replica never gets an older one
         self._record(version, [self._server.address])
 

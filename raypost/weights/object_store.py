@@ -30,20 +30,14 @@ class ObjectStoreChannel(WeightChannel):
     def publish_stream(
         self, version: int, specs: Sequence[Spec], buckets: Iterable[Mapping[str, torch.Tensor]]
     ) -> None:
-        import ray
-
-        # One object per bucket, put as it arrives. Owned by this process (the learner's rank 0,
-        # alive for the whole run; a restarted learner republishes its restored version before any
-        # request). Ray 2.56 removed ray.put(_owner=). The board gets [specs, counts, ref, ...]:
-        # the tensors of each bucket, in order, and its object.
-        refs, counts, n = [], [], 0
+        stage = self.stage(version, specs)
         for bucket in buckets:
-            refs.append(ray.put(self._packed(specs[n : n + len(bucket)], bucket)))
-            counts.append(len(bucket))
-            n += len(bucket)
-        if n != len(specs):
-            raise ValueError(f"weight stream ended before its last tensor ({n} of {len(specs)})")
-        self._record(version, [[list(x) for x in specs], counts, *refs])
+            stage.add(bucket)
+        stage.record()
+
+    def stage(self, version: int, specs: Sequence[Spec]) -> Staged:
+        """Learner rank 0: ``version``, put bucket by bucket (``add``), then filed (``record``)."""
+        return Staged(self, version, specs)
 
     def _packed(self, part: Sequence[Spec], bucket: Mapping[str, torch.Tensor]) -> Any:
         """The bucket's tensors back to back, as one numpy array in a staging buffer this channel
@@ -84,6 +78,33 @@ class ObjectStoreChannel(WeightChannel):
         if self._shared is not None:
             self._shared.close()
             self._shared = None
+
+
+class Staged:
+    """One version on its way into the object store: one object per bucket, put as it arrives.
+    Owned by this process (the learner's rank 0, alive for the whole run; a restarted learner
+    republishes its restored version before any request; Ray 2.56 removed ray.put(_owner=)). The
+    board gets [specs, counts, ref, ...]: the tensors of each bucket, in order, and its object."""
+
+    def __init__(self, channel: ObjectStoreChannel, version: int, specs: Sequence[Spec]) -> None:
+        self.channel, self.version, self.specs = channel, version, specs
+        self.refs: list[Any] = []
+        self.counts: list[int] = []
+        self.n = 0
+        self.recorded = False
+
+    def add(self, bucket: Mapping[str, torch.Tensor]) -> None:
+        import ray
+
+        self.refs.append(ray.put(self.channel._packed(self.specs[self.n : self.n + len(bucket)], bucket)))
+        self.counts.append(len(bucket))
+        self.n += len(bucket)
+
+    def record(self) -> None:
+        if self.n != len(self.specs):
+            raise ValueError(f"weight stream ended before its last tensor ({self.n} of {len(self.specs)})")
+        self.channel._record(self.version, [[list(x) for x in self.specs], self.counts, *self.refs])
+        self.recorded = True
 
 
 def split(specs: Sequence[Spec], counts: Sequence[int], flats: Sequence[Any]) -> Iterator[Any]:

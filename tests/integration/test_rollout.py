@@ -67,15 +67,17 @@ def rollout(serve_url, served_model):
 
     tiny_model = served_model
     # Pushes stream over a gloo group from this process to the engine's worker here (collective,
-    # in two buckets); the pipelines' tests cover shm (the default) and object_store.
+    # in two buckets), with the object store as its fallback; the pipelines' tests cover shm (the
+    # default) and object_store.
     cfg = build(
         RolloutConfig,
         {
             "num_replicas": 1,
             "cpus_per_replica": 1,
             "max_model_len": 256,
-            "weights": {"transport": "collective"},
+            "weights": {"transport": "collective", "fallback": "object_store"},
             "weight_bucket_mb": 1,
+            "weight_timeout_s": 10,
         },
     )
     from raypost.weights import open_channel
@@ -119,6 +121,27 @@ def test_push_then_parity_with_transformers(rollout):
     assert [g["completions"][0]["token_ids"] for g in got2] != [g["completions"][0]["token_ids"] for g in got]
     want2 = hf_greedy(rollout["model"], w2, prompts, 16)
     assert [g["completions"][0]["token_ids"] for g in got2] == [ids for ids, _ in want2]
+
+
+@pytest.mark.slow
+def test_a_replica_that_cannot_reach_the_weight_server_serves_the_version_from_the_fallback(rollout):
+    """The learner's weight server is gone (its port unreachable) after it filed version 6: the
+    replica's collective request fails within rollout.weight_timeout_s, and it loads version 6
+    from the object store into vLLM instead, whole (parity with transformers), healthy."""
+    from raypost.serve.rollout_client import RolloutClient
+
+    chan = rollout["channel"]
+    client = RolloutClient("rollout", chan)
+    w = perturbed(rollout["model"], 0.05, seed=6)
+    client.update_weights(6, w)
+    chan.primary.stop_serving()  # the next push starts a new server
+    prompts = prompts_for(rollout["model"], 2)
+    got = client.generate(prompts, 1, {"temperature": 0.0, "max_tokens": 12})
+    want = hf_greedy(rollout["model"], w, prompts, 12)
+    assert [g["version"] for g in got] == [6, 6]
+    assert [g["completions"][0]["token_ids"] for g in got] == [ids for ids, _ in want]
+    client.update_weights(7, perturbed(rollout["model"], 0.05, seed=7))  # the collective path again
+    assert {g["version"] for g in client.generate(prompts, 1, {"temperature": 0.0, "max_tokens": 4})} == {7}
 
 
 @pytest.mark.slow

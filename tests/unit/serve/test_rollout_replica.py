@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from raypost.serve.rollout_app import RolloutServer, Sampling
+from raypost.weights import WeightChannel
+from raypost.weights.fallback import FallbackChannel
 
 
 class FakeEngine:
@@ -28,7 +30,7 @@ class FakeEngine:
 
     async def collective_rpc(self, method: str, args: tuple) -> list[bool]:
         assert method == "raypost_load"
-        if args[0]["version"] in self.fail_versions:
+        if args[0]["version"] in self.fail_versions or args[0]["transport"] in self.fail_versions:
             self.weights = -1  # half loaded
             raise ConnectionError("the learner's weight server went away mid-transfer")
         self.loaded.append((args[0]["version"], self.server._inflight))
@@ -47,9 +49,12 @@ class FakeEngine:
 
 
 class FakeChannel:
-    """A board with one published version, set by the test."""
+    """A board with one published version, set by the test (its loads: ``WeightChannel.reload``)."""
 
-    def __init__(self) -> None:
+    reload = WeightChannel.reload
+
+    def __init__(self, transport: str = "fake") -> None:
+        self.transport, self.timeout_s = transport, 30.0
         self.published = 0
         self.fetches = 0
         self.acks: list[int] = []  # the versions the replica said it serves, in order
@@ -72,15 +77,22 @@ class FakeChannel:
             raise ConnectionError("the object store could not be reached")
         if self.published in (0, have):
             return have, None
-        return self.published, {"transport": "fake", "version": self.published}
+        return self.published, {"transport": self.transport, "version": self.published}
+
+    async def _latest(self) -> tuple[int, list[Any] | None]:
+        return self.published, [self.transport] if self.board else None
 
 
-def replica(channel: FakeChannel | None, gen_s: float = 0.05, drain_s: float = 30.0, weight_s: float = 30.0) -> Any:
+def replica(
+    channel: FakeChannel | FallbackChannel | None, gen_s: float = 0.05, drain_s: float = 30.0, weight_s: float = 30.0
+) -> Any:
     """A RolloutServer built around the fakes, without its constructor (which starts vLLM)."""
     server = RolloutServer.func_or_class.__new__(RolloutServer.func_or_class)
     server.engine = FakeEngine(server, gen_s)
     server.channel, server.version, server._inflight, server._lock = channel, 0, 0, asyncio.Lock()
     server.cfg, server._broken = SimpleNamespace(drain_timeout_s=drain_s, weight_timeout_s=weight_s), None
+    if isinstance(channel, FakeChannel):
+        channel.reload_deadline_s = weight_s
 
     async def sample(prompt_ids: list[int], n: int, s: Sampling) -> list[dict[str, Any]]:
         return await server.engine.sample(prompt_ids, n)
@@ -222,5 +234,36 @@ def test_a_fetch_that_fails_fails_its_request_and_the_next_one_loads():
             await server.generate([[1]], 1)
         await server.check_health()
         assert served_versions(await server.generate([[1]], 1)) == {(1, 1)} and chan.fetches == 2
+
+    asyncio.run(run())
+
+
+@pytest.mark.timeout(30)
+def test_a_load_that_breaks_midway_is_redone_from_the_fallback_and_the_replica_serves_on():
+    """With ``rollout.weights.fallback``, a transfer that breaks after some tensors were loaded is
+    followed by the same version's load from the fallback, whole: the replica serves that version
+    and stays healthy. A version only the fallback holds (the primary failed on the learner's
+    side) is loaded from there alone."""
+
+    async def run() -> None:
+        primary, fallback = FakeChannel("collective"), FakeChannel("object_store")
+        chan = FallbackChannel.__new__(FallbackChannel)
+        chan.primary, chan.fallback, chan.timeout_s = primary, fallback, 5.0
+        server = replica(chan)
+        for c in (primary, fallback):
+            c.board, c.published = True, 1
+        server.engine.fail_versions = {"collective"}  # every collective transfer breaks midway
+        assert served_versions(await server.generate([[1]], 1)) == {(1, 1)}
+        await server.check_health()
+        assert [c.fetches for c in (primary, fallback)] == [1, 1] and server.engine.loaded == [(1, 0)]
+        assert fallback.acks == [1]
+        server.engine.fail_versions = set()
+        fallback.published = 2  # the primary's board still names version 1
+        assert served_versions(await server.generate([[1]], 1)) == {(2, 2)}
+        assert [c.fetches for c in (primary, fallback)] == [1, 2]
+        for c in (primary, fallback):
+            c.published = 3
+        assert served_versions(await server.generate([[1]], 1)) == {(3, 3)}
+        assert [c.fetches for c in (primary, fallback)] == [2, 2]  # the primary, when it holds the version
 
     asyncio.run(run())
