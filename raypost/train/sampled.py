@@ -81,9 +81,15 @@ class _Hooks:
 
     def acks(self, version: int) -> dict[str, float]:
         """How many replicas said they serve ``version`` (the one this step's fresh samples came
-        from), of those heard from lately."""
+        from), of those heard from lately, and the seconds asking took (``ack_s``: its share of
+        ``step_s`` is what the acknowledgements cost the learner)."""
+        t0 = time.perf_counter()
         served = self.chan.served_versions()
-        return {"replicas_on_version": sum(v == version for v in served.values()), "replicas_seen": len(served)}
+        return {
+            "replicas_on_version": sum(v == version for v in served.values()),
+            "replicas_seen": len(served),
+            "ack_s": time.perf_counter() - t0,
+        }
 
     def stop(self) -> None:
         try:

@@ -105,7 +105,7 @@ def test_each_step_takes_learns_pushes_the_next_version_then_advances(world):
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3] and [r["weight_version"] for r in rows] == [1, 2, 3]
     assert all(r["phase"] == "grpo" and r["tokens"] == 3.0 and r["push_s"] == 0.01 for r in rows)
-    assert all((r["replicas_on_version"], r["replicas_seen"]) == (1, 1) for r in rows)
+    assert all((r["replicas_on_version"], r["replicas_seen"]) == (1, 1) and 0 <= r["ack_s"] < 5 for r in rows)
     trained = [json.loads(x) for x in (run_dir / checkpointing.SAMPLES_FILE).read_text().splitlines()]
     assert [t["ids"] for t in trained] == [["p4#0"], ["p8#0"], ["p12#0"]]
 
