@@ -11,8 +11,8 @@ What it does, in order:
 
 The embedded default's SFT demos are noisy on purpose: half are a weak teacher's guess
 (``#### <first number>``), so the warm-up learns to guess as well as to work the problem, and
-GRPO's accuracy reward selects the worked solutions (README, "The embedded default"; held-out
-accuracy +0.17 to +0.39 on 3 seeds, about 5 minutes on 2 cores).
+GRPO's accuracy reward selects the worked solutions (docs/guide.md, "The embedded default";
+benchmarks/RESULTS.md has its held-out gains and wall time on 2 cores).
 
 Departures from the GRPO paper (DeepSeekMath): one policy update per batch (mu = 1); the
 samples' vLLM behaviour log-probs enter through an off-policy correction (truncated importance

@@ -57,14 +57,31 @@ def deploy(apps: Sequence[App], host: str = "127.0.0.1", port: int = 8000) -> No
     ray.get(ray.remote(num_cpus=0, scheduling_strategy=outside)(_deploy).remote(apps, host, port))
 
 
-def delete(names: Sequence[str]) -> None:
+def delete(names: Sequence[str], timeout_s: float = 120.0) -> None:
+    """Delete the apps ``names`` together (their replicas shut down at once, not one app after
+    the other) and wait, for at most ``timeout_s``, until Serve no longer lists them."""
+    import time
+
     from ray import serve
 
     for name in names:
         try:
-            serve.delete(name)
+            serve.delete(name, _blocking=False)
         except Exception as err:  # noqa: BLE001 - cleanup after a failure must not hide that failure
             log.warning("could not delete the Serve app %r: %s", name, err)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            left = sorted(set(names) & set(serve.status().applications))
+        except Exception as err:  # noqa: BLE001 - as above
+            log.warning("could not check that the Serve apps %s are gone: %s", list(names), err)
+            return
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            log.warning("the Serve apps %s were still shutting down after %.0f s", left, timeout_s)
+            return
+        time.sleep(0.2)
 
 
 @contextlib.contextmanager

@@ -99,8 +99,8 @@ def test_a_per_token_advantage_equal_along_each_row_is_the_per_sequence_one(name
 def test_ppo_config_names_what_does_not_fit():
     with pytest.raises(ConfigError, match="algo.loss 'gspo' takes one advantage per sequence"):
         build(PPOConfig, {"algo": {"loss": "gspo"}})
-    with pytest.raises(ConfigError, match="critic.warmup_steps 60 leaves none of algo.steps 60"):
-        build(PPOConfig, {"critic": {"warmup_steps": 60}})
+    with pytest.raises(ConfigError, match="critic.warmup_steps 40 leaves none of algo.steps 40"):
+        build(PPOConfig, {"critic": {"warmup_steps": 40}})
     assert build(PPOConfig, {}).run.name == "ppo" and build(PPOConfig, {}).resources.jemalloc_decay_ms == 5000
 
 

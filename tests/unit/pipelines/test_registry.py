@@ -115,5 +115,5 @@ def test_help_shows_the_defaults_a_section_gets_from_its_parent(capsys) -> None:
     defaults: the help shows those, not the class's."""
     assert cli.main(["ppo", "--help"]) == 0
     out = capsys.readouterr().out
-    assert "--warmup.optim.lr (0.002)" in out and "--critic.optim.lr (0.0001)" in out and "--optim.lr (5e-05)" in out
+    assert "--warmup.optim.lr (0.002)" in out and "--critic.optim.lr (0.0001)" in out and "--optim.lr (0.0001)" in out
     assert "--critic.gamma (1.0)" in out and "--model.path (None)" in out
