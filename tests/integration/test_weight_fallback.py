@@ -44,20 +44,22 @@ def same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> bool:
     return got.keys() == want.keys() and all(torch.equal(got[k], v) for k, v in want.items())
 
 
+def channels() -> tuple[Any, Any]:
+    """A learner's and a replica's channel of one run: collective, the object store its fallback,
+    1 MiB buckets, 5 s deadlines."""
+    from raypost.weights import open_channel
+
+    settings = {"transport": "collective", "fallback": "object_store"}
+    cfg = RolloutConfig.model_validate({"weight_bucket_mb": 1, "weight_timeout_s": 5, "weights": settings})
+    key = f"raypost-test-{uuid.uuid4().hex[:8]}"
+    return open_channel(cfg, key), open_channel(cfg, key)
+
+
 @pytest.mark.timeout(300)
 def test_a_replica_that_cannot_reach_the_weight_server_loads_the_version_from_the_fallback(ray_cluster):
-    from raypost.weights import open_channel
     from raypost.weights.fallback import FallbackChannel
 
-    cfg = RolloutConfig.model_validate(
-        {
-            "weight_bucket_mb": 1,
-            "weight_timeout_s": 5,
-            "weights": {"transport": "collective", "fallback": "object_store"},
-        }
-    )
-    key = f"raypost-test-{uuid.uuid4().hex[:8]}"
-    learner, replica = open_channel(cfg, key), open_channel(cfg, key)
+    learner, replica = channels()
     assert isinstance(learner, FallbackChannel) and replica.reload_deadline_s == 15
     load = Loader()
     try:
@@ -80,17 +82,9 @@ def test_a_replica_that_cannot_reach_the_weight_server_loads_the_version_from_th
 
 @pytest.mark.timeout(300)
 def test_a_primary_that_fails_on_the_learner_sends_the_version_through_the_fallback(ray_cluster):
-    from raypost.weights import open_channel, specs_of
+    from raypost.weights import specs_of
 
-    cfg = RolloutConfig.model_validate(
-        {
-            "weight_bucket_mb": 1,
-            "weight_timeout_s": 5,
-            "weights": {"transport": "collective", "fallback": "object_store"},
-        }
-    )
-    key = f"raypost-test-{uuid.uuid4().hex[:8]}"
-    learner, replica = open_channel(cfg, key), open_channel(cfg, key)
+    learner, replica = channels()
     load = Loader()
 
     def broken(version: int, specs: Any, buckets: Any) -> None:
