@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from raypost.config.agent import AgentConfig
 from raypost.config.base import StrictModel
+from raypost.config.filtering import PassRateConfig
 from raypost.config.pipelines import SFTTrainConfig
 from raypost.config.sections import (
     DataConfig,
@@ -163,6 +164,11 @@ class GRPOConfig(StrictModel):
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation.")
     agent: AgentConfig = Field(
         default_factory=AgentConfig, description="Multi-turn episodes with an environment and tools (env set)."
+    )
+    pass_rate: PassRateConfig = Field(
+        default_factory=PassRateConfig,
+        description="Before RL: sample each training prompt k times, keep those inside a pass-rate band, "
+        "optionally easy first (sparse rewards: docs/guide.md).",
     )
 
     @model_validator(mode="after")

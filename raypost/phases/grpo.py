@@ -8,11 +8,12 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raypost.config import SFTConfig
 from raypost.config.grpo import GRPOConfig
 from raypost.data import preprocess
+from raypost.phases import passrate
 from raypost.phases.data import PreparedData
 from raypost.phases.sft import run_sft
 from raypost.serve import apps as serve_apps
@@ -23,6 +24,9 @@ from raypost.train.loop import LoopConfig
 from raypost.train.trainer import fit, learner_request, worker_resources
 from raypost.utils.cluster import check_one_node, check_resources
 from raypost.weights import WeightChannel, check_weight_path, default_transport, open_channel
+
+if TYPE_CHECKING:
+    import ray.data
 
 log = logging.getLogger("raypost")
 COLOCATED_CPUS = 0.01  # colocated: Serve replicas reserve a token share and take turns with the learner
@@ -164,7 +168,7 @@ def train(
     refill = cfg.algo.max_refill_rounds if cfg.algo.dynamic_sampling else 0
     # + the groups the producer may have admitted ahead of the last step (eta + 1 batches)
     need = (cfg.algo.steps * (1 + refill) + cfg.async_rl.eta + 1) * cfg.algo.prompts_per_step
-    prompts = preprocess.prompt_order(data.train, need, cfg.run.seed)
+    prompts = rl_prompts(cfg, data, need, run_dir)
     record_prompt_order(run_dir, [str(r["id"]) for r in prompts.select_columns(["id"]).take_all()])
     t0 = time.time()
     result = fit(
@@ -186,6 +190,17 @@ def train(
     if result.error is not None:
         raise result.error
     return str(Path(result.checkpoint.path) / checkpointing.HF_DIR), time.time() - t0, dict(result.metrics or {})
+
+
+def rl_prompts(cfg: GRPOConfig, data: PreparedData, need: int, run_dir: Path) -> ray.data.Dataset:
+    """The learner's prompts in order: every training prompt in seeded epochs or, with
+    ``pass_rate.enabled``, those the pass-rate pass keeps (shuffled, or easy first)."""
+    if not cfg.pass_rate.enabled:
+        return preprocess.prompt_order(data.train, need, cfg.run.seed)
+    kept = passrate.filtered(cfg, data.train, app_names(cfg), run_dir)
+    if cfg.pass_rate.order == "easy_first":
+        return passrate.easy_first(kept, need, cfg)
+    return preprocess.prompt_order(kept, need, cfg.run.seed)
 
 
 PROMPT_ORDER_FILE = "prompt_order.json"
