@@ -211,6 +211,13 @@ class RolloutConfig(StrictModel):
         description="Seconds the learner waits for its next batch before the run fails naming the rollout app "
         "(a watchdog over every cause: hung replicas, a lost reward app, a stuck producer).",
     )
+    ready_timeout_s: float = Field(
+        1800.0,
+        gt=0.0,
+        le=86_400.0,
+        description="Seconds an RL learner, started beside the Serve apps, waits before its first step for "
+        "them to deploy and for the held-out pass before training (a model download on GPUs takes minutes).",
+    )
     seed: int = Field(0, ge=0, description="Engine seed.")
 
     _ray_resources = field_validator("ray_resources")(check_ray_resources)

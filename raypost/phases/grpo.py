@@ -7,6 +7,8 @@ import json
 import logging
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +24,8 @@ from raypost.train import checkpointing
 from raypost.train.grpo_loop import grpo_loop
 from raypost.train.loop import LoopConfig
 from raypost.train.trainer import fit, learner_request, worker_resources
-from raypost.utils.cluster import check_one_node, check_resources
+from raypost.utils.cluster import check_one_node, check_resources, started_here
+from raypost.utils.gate import StartGate
 from raypost.weights import WeightChannel, check_weight_path, default_transport, open_channel
 
 if TYPE_CHECKING:
@@ -141,18 +144,79 @@ def _tool_app(cfg: GRPOConfig) -> Any:
     return importlib.import_module(TOOL_APPS[cfg.agent.env]).build_app(cpus=cfg.agent.cpus_per_env_actor)
 
 
+@dataclass(frozen=True)
+class Startup:
+    """The work a thread does beside the learner's start (``served``): the Serve apps deployed,
+    then ``first`` (the held-out pass before training); the learner's ranks wait at ``gate``."""
+
+    deployed: Future[None]
+    first: Future[Any]
+    gate: StartGate
+
+
+def start_serve(cfg: GRPOConfig) -> Future[None]:
+    """Serve's controller and HTTP proxy, started on a thread (seconds of start-up that then
+    overlap the data phase); ``served`` waits for it before it deploys."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="raypost-serve-start")
+    started = pool.submit(serve_apps.start, cfg.reward.host, cfg.reward.port)
+    pool.shutdown(wait=False)
+    return started
+
+
+def _deploy(started: Future[None] | None, targets: list[App], host: str, port: int) -> None:
+    if started is not None:
+        started.result()
+    serve_apps.deploy(targets, host, port)
+
+
 @contextlib.contextmanager
-def served(cfg: GRPOConfig, model_path: str) -> Iterator[None]:
-    """The job's Serve apps on ``model_path`` for the block; afterwards the apps (whose replicas
-    would otherwise keep holding their CPUs/GPUs) and the pushed weights are removed, also on
-    error. Pushed versions of an earlier job are dropped first: fresh replicas start from
-    ``model_path`` and the learner republishes its restored version when it starts. The final
-    model is in the last checkpoint."""
+def served(
+    cfg: GRPOConfig, model_path: str, first: Callable[[], Any] = lambda: None, started: Future[None] | None = None
+) -> Iterator[Startup]:
+    """The job's Serve apps on ``model_path``, deployed on a thread while the block starts the
+    learner; then ``first`` runs there and the learner's start gate opens. Afterwards, also on
+    error, the apps (whose replicas would otherwise keep holding their CPUs/GPUs) and the pushed
+    weights are removed; an error of the thread is the one raised. Pushed versions of an earlier
+    job are dropped first: fresh replicas start from ``model_path`` and the learner republishes
+    its restored version after the gate. The final model is in the last checkpoint. ``started``:
+    Serve's start (``start_serve``), waited for before the deploy."""
     weight_channel(cfg).close()
-    with serve_apps.deployed(
-        apps(cfg, model_path), cfg.reward.host, cfg.reward.port, cleanup=weight_channel(cfg).close
-    ):
-        yield
+    targets, gate = apps(cfg, model_path), StartGate.create(cfg.rollout.ready_timeout_s)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="raypost-serve")
+    deployed = pool.submit(_deploy, started, targets, cfg.reward.host, cfg.reward.port)
+    startup = Startup(deployed, pool.submit(_then_open, deployed, first, gate), gate)
+    try:
+        if cfg.placement == "colocated" and cfg.rollout.gpus_per_replica > 0:
+            deployed.result()  # vLLM sizes its share of a shared GPU as it starts: before the learner loads
+        yield startup
+    except BaseException as err:
+        with contextlib.suppress(Exception):  # the gate is bookkeeping: never hide the error
+            gate.open(f"{type(err).__name__}: {err}")
+        cause = startup.first.exception()  # waits for the thread
+        if cause is not None and cause is not err:
+            raise cause from err
+        raise
+    finally:
+        with contextlib.suppress(Exception):
+            gate.open("the job ended")  # a no-op once opened
+        pool.shutdown(wait=True)
+        # The job's own Ray instance ends with it: no need to wait for the replicas to stop.
+        serve_apps.delete([a.name for a in targets], wait=not started_here())
+        weight_channel(cfg).close()
+        with contextlib.suppress(Exception):
+            gate.close()
+
+
+def _then_open(deployed: Future[None], first: Callable[[], Any], gate: StartGate) -> Any:
+    """The thread's work after the deploy: ``first``, then the gate opened (with the error, if either failed)."""
+    try:
+        deployed.result()
+        out = first()
+    except BaseException as err:
+        gate.open(f"the Serve apps or the held-out pass before training failed: {type(err).__name__}: {err}")
+        raise
+    gate.open()
+    return out
 
 
 def train(
@@ -162,12 +226,16 @@ def train(
     run_dir: Path,
     loop: Callable[[dict], None] = grpo_loop,
     name: str = "grpo",
+    startup: Startup | None = None,
 ) -> tuple[str, float, dict]:
     """Run the RL learner (``loop``: GRPO's, or PPO's with its critic) on Ray Train under the Ray
-    Train run ``name``; returns (HF export path, wall seconds, last metrics)."""
+    Train run ``name``, its ranks waiting at ``startup``'s gate before the first step (the apps
+    of ``served``); returns (HF export path, wall seconds, last metrics)."""
     refill = cfg.algo.max_refill_rounds if cfg.algo.dynamic_sampling else 0
     # + the groups the producer may have admitted ahead of the last step (eta + 1 batches)
     need = (cfg.algo.steps * (1 + refill) + cfg.async_rl.eta + 1) * cfg.algo.prompts_per_step
+    if cfg.pass_rate.enabled and startup is not None:
+        startup.deployed.result()  # the pass samples on the run's rollout replicas
     prompts = rl_prompts(cfg, data, need, run_dir)
     record_prompt_order(run_dir, [str(r["id"]) for r in prompts.select_columns(["id"]).take_all()])
     t0 = time.time()
@@ -181,6 +249,7 @@ def train(
             grad_accum=cfg.grad_accum,
             channel=weight_channel(cfg),
             apps=app_names(cfg),
+            gate=startup.gate if startup is not None else None,
         ),
         cfg.resources,
         cfg.run.model_copy(update={"storage_path": str(run_dir)}),

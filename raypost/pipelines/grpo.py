@@ -5,8 +5,9 @@ What it does, in order:
   2. Ray Data preprocesses prompts (chat template, tokenization, rejects);
   3. builds the offline tiny model (or loads --model) and warms it up with the SFT learner;
   4. deploys two Serve apps named after the run: "<run>-rollout" (vLLM replicas) and
-     "<run>-reward" (verifiers + reward model);
-  5. measures held-out greedy accuracy, trains GRPO on Ray Train + DeepSpeed, measures again;
+     "<run>-reward" (verifiers + reward model), and measures held-out greedy accuracy, while the
+     GRPO learner starts on Ray Train + DeepSpeed (it waits for both before its first step);
+  5. trains GRPO, measures held-out accuracy again;
   6. removes its Serve apps and pushed weights; writes report.json and reward.png.
 
 The embedded default's SFT demos are noisy on purpose: half are a weak teacher's guess
@@ -85,19 +86,27 @@ def run_job(cfg: GRPOConfig, run_dir: Path, heldout: bool, job: RLJob = GRPO) ->
     from raypost.utils.report import finish_run
 
     t0 = time.time()
+    serve_started = grpo_phase.start_serve(cfg)  # Serve's controller and proxy start meanwhile
     # Data and base model.
     model_path, data = data_phase.prepare(cfg.data, cfg.model, run_dir)
 
     # SFT warm-up (the SFT learner), then the Serve apps on the warmed-up model.
     sft_model, warmup_s = grpo_phase.warmup(cfg, model_path, data, run_dir)
-    before = after = {"accuracy": None, "n": 0, "samples": []}
-    with grpo_phase.served(cfg, sft_model):  # removed with the pushed weights when the run ends or fails
-        if heldout:
-            before = grpo_phase.evaluate(cfg, data, model_path=sft_model)
-            log.info("held-out accuracy before %s: %.3f", job.title, before["accuracy"])
+    none = {"accuracy": None, "n": 0, "samples": []}
 
+    def before_rl() -> dict[str, Any]:
+        if not heldout:
+            return none
+        out = grpo_phase.evaluate(cfg, data, model_path=sft_model)
+        log.info("held-out accuracy before %s: %.3f", job.title, out["accuracy"])
+        return out
+
+    # The apps deploy and the held-out pass runs on a thread while the learner starts (its ranks
+    # wait for both before the first step); removed with the pushed weights when the run ends or fails.
+    with grpo_phase.served(cfg, sft_model, first=before_rl, started=serve_started) as startup:
         # The RL learner on Ray Train + DeepSpeed, rollouts on Serve.
-        final_model, grpo_s, metrics = grpo_phase.train(cfg, sft_model, data, run_dir, job.loop(), job.name)
+        final_model, grpo_s, metrics = grpo_phase.train(cfg, sft_model, data, run_dir, job.loop(), job.name, startup)
+        before = after = startup.first.result()
         if heldout:
             after = grpo_phase.evaluate(cfg, data, version=cfg.algo.steps, model_path=sft_model)
             log.info("held-out accuracy after %s: %.3f (was %.3f)", job.title, after["accuracy"], before["accuracy"])

@@ -32,34 +32,53 @@ class App:
     route_prefix: str | None = None
 
 
-def _deploy(apps: Sequence[App], host: str, port: int) -> None:
+def _start(host: str, port: int) -> None:
     from ray import serve
-    from ray.serve.api import RunTarget
 
     # Serve is cluster-wide and keeps the HTTP options it first started with; every raypost app
     # starts it the same way (loopback unless configured). A no-op if Serve already runs.
     serve.start(http_options={"host": host, "port": port})
+
+
+def _deploy(apps: Sequence[App], host: str, port: int) -> None:
+    from ray import serve
+    from ray.serve.api import RunTarget
+
+    _start(host, port)
     stale = [a.name for a in apps if a.name in serve.status().applications]
     for name in stale:
         serve.delete(name)
     serve.run_many([RunTarget(a.build(), name=a.name, route_prefix=a.route_prefix) for a in apps])
 
 
-def deploy(apps: Sequence[App], host: str = "127.0.0.1", port: int = 8000) -> None:
-    """Deploy ``apps`` at once (from outside the caller's placement group, if it has one)."""
+def _outside_group(fn: Callable[..., None], *args: Any) -> None:
+    """``fn(*args)`` here, or in a task outside the caller's placement group if it has one (a
+    Tune trial): Serve's controller, proxy and replicas do not fit in the trial's group."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     if ray.get_runtime_context().get_placement_group_id() is None:
-        _deploy(apps, host, port)
+        fn(*args)
         return
     outside = PlacementGroupSchedulingStrategy(placement_group=None)
-    ray.get(ray.remote(num_cpus=0, scheduling_strategy=outside)(_deploy).remote(apps, host, port))
+    ray.get(ray.remote(num_cpus=0, scheduling_strategy=outside)(fn).remote(*args))
 
 
-def delete(names: Sequence[str], timeout_s: float = 120.0) -> None:
+def start(host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Start Serve (its controller and HTTP proxy) unless it runs; ``deploy`` does it too. A job
+    calls it early, on a thread, so that Serve's start-up overlaps its data preparation."""
+    _outside_group(_start, host, port)
+
+
+def deploy(apps: Sequence[App], host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Deploy ``apps`` at once (from outside the caller's placement group, if it has one)."""
+    _outside_group(_deploy, apps, host, port)
+
+
+def delete(names: Sequence[str], timeout_s: float = 120.0, wait: bool = True) -> None:
     """Delete the apps ``names`` together (their replicas shut down at once, not one app after
-    the other) and wait, for at most ``timeout_s``, until Serve no longer lists them."""
+    the other) and wait, for at most ``timeout_s``, until Serve no longer lists them (``wait``
+    False: a job's last step on the Ray instance it started, which ends with it)."""
     import time
 
     from ray import serve
@@ -69,6 +88,8 @@ def delete(names: Sequence[str], timeout_s: float = 120.0) -> None:
             serve.delete(name, _blocking=False)
         except Exception as err:  # noqa: BLE001 - cleanup after a failure must not hide that failure
             log.warning("could not delete the Serve app %r: %s", name, err)
+    if not wait:
+        return
     deadline = time.monotonic() + timeout_s
     while True:
         try:

@@ -11,8 +11,10 @@ async differ only in eta: the learner and the loss are the same.
 
 from __future__ import annotations
 
+import itertools
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import ray.train
@@ -29,6 +31,8 @@ from raypost.train.engine import setup_learner
 from raypost.train.loop import LoopConfig
 from raypost.train.sampled import Sampler, run_steps
 from raypost.train.steps import grpo as step
+
+log = logging.getLogger("raypost.grpo")
 
 
 def _rollout_metrics(groups: list[G.Group]) -> dict[str, float]:
@@ -87,16 +91,26 @@ def _batch(
     }
 
 
-def _producer(cfg: GRPOConfig, state: checkpointing.ControllerState, lc: LoopConfig, tok: Any) -> RolloutProducer:
-    """The rollout producer on rank 0, from the restored data cursor and weight version (not started);
-    with ``agent.env`` set its groups are multi-turn episodes on environment actors."""
+def _prompt_rows(cursor: int) -> Iterator[dict[str, Any]]:
+    """Rank 0's prompts from the restored data cursor, the Ray Data pipeline already started (its
+    first row taken and put back), so that its start-up overlaps the wait at the start gate."""
+    rows = iter(ray.train.get_dataset_shard("prompts").iter_rows())
+    for _ in range(cursor):  # prompts consumed before the checkpoint
+        next(rows)
+    first = next(rows, None)
+    return rows if first is None else itertools.chain([first], rows)
+
+
+def _producer(
+    cfg: GRPOConfig, state: checkpointing.ControllerState, lc: LoopConfig, tok: Any, rows: Iterator[dict[str, Any]]
+) -> RolloutProducer:
+    """The rollout producer on rank 0, from the restored weight version and ``rows`` (the prompts
+    from the data cursor on), not started; with ``agent.env`` set its groups are multi-turn
+    episodes on environment actors."""
     from ray import serve
 
     from raypost.serve.rollout_client import RolloutClient
 
-    rows = iter(ray.train.get_dataset_shard("prompts").iter_rows())
-    for _ in range(state.cursor):  # prompts consumed before the checkpoint
-        next(rows)
     controller = RolloutController(
         StalenessAdmission(cfg.async_rl.eta, cfg.algo.prompts_per_step),
         G.dynamic_sampling(cfg.algo),
@@ -171,7 +185,12 @@ def rl_loop(config: dict[str, Any], config_class: type[GRPOConfig], phase: str, 
     ref = load_causal_lm(lc.model_path, cfg.deepspeed.precision).to(engine.device).eval() if cfg.algo.beta > 0 else None
     state = checkpointing.restore(engine)
     learn, extra = make_learn(cfg, lc, engine, ref, tok, state)
-    producer = _producer(cfg, state, lc, tok) if rank == 0 else None
+    rows = _prompt_rows(state.cursor) if rank == 0 else None
+    if lc.gate is not None:  # the driver deploys the Serve apps and runs the held-out pass meanwhile
+        waited = lc.gate.wait()
+        if rank == 0 and waited > 1.0:
+            log.info("learner waited %.1fs for the Serve apps and the held-out pass before training", waited)
+    producer = _producer(cfg, state, lc, tok, rows) if rows is not None else None
     base_cursor = state.cursor
     sampler = Sampler(
         phase=phase,

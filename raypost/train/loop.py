@@ -30,6 +30,7 @@ from raypost.train.order import check_order, order_of
 from raypost.utils.metrics import MetricsLogger, Progress
 
 if TYPE_CHECKING:
+    from raypost.utils.gate import StartGate
     from raypost.weights import WeightChannel
 
 
@@ -49,6 +50,7 @@ class LoopConfig:
     grad_accum: int = 1  # sampling learners: micro-batches per optimizer step and rank, from the batch size
     channel: WeightChannel | None = None  # sampling learners: where rank 0 pushes each weight version
     apps: dict[str, str] = field(default_factory=dict)  # on-policy: {"student": app name, "teacher": app name}
+    gate: StartGate | None = None  # RL learners: every rank waits here before its first step (Serve apps up)
     kd: dict[str, Any] | None = None  # SFT with offline KD: KDParams fields (rows carry teacher columns)
     start_from: str | None = None  # SFT: a checkpoint folder to start from when the run has none (PBT)
     stop_at: int | None = None  # SFT: stop after this step's checkpoint, before total_steps (PBT segments)

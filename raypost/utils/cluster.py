@@ -34,6 +34,15 @@ def init_ray(address: str | None = None) -> None:
     ray.init(address=addr, log_to_driver=True, **kwargs)
 
 
+def started_here() -> bool:
+    """Whether this process started the Ray instance it is on (a local one, which ends with the
+    process), not joined a cluster. False when it cannot tell."""
+    try:
+        return bool(ray._private.worker.global_worker.node.head)
+    except Exception:  # noqa: BLE001 - a private attribute: on any change, say "joined"
+        return False
+
+
 def configure_ray_data() -> None:
     """Ray Data settings for post-training data (thousands to millions of short rows):
 

@@ -277,12 +277,13 @@ def test_shm_weights_to_replicas_on_another_node_fail_before_anything_starts(clu
 
 def test_a_failed_run_removes_its_serve_apps(monkeypatch, tmp_path):
     """The GRPO pipeline removes its Serve apps and pushed weights when training raises, and the
-    error still reaches the caller (phases and Serve replaced by fakes: the order of calls is
-    the logic). Runs through the ``raypost`` command as ``pipelines/grpo.py`` does."""
+    error still reaches the caller (phases, Serve and the start gate replaced by fakes: the order
+    of calls is the logic). Runs through the ``raypost`` command as ``pipelines/grpo.py`` does."""
     from raypost.cli import run_pipeline
     from raypost.phases import data as data_phase
     from raypost.phases import grpo as grpo_phase
     from raypost.serve import apps
+    from tests.unit.phases.test_served import FakeGate
 
     calls: list[str] = []
 
@@ -299,17 +300,17 @@ def test_a_failed_run_removes_its_serve_apps(monkeypatch, tmp_path):
     monkeypatch.setattr(grpo_phase, "check_placement", lambda cfg: None)
     monkeypatch.setattr(grpo_phase, "warmup", lambda *a: ("warm", 0.0))
     monkeypatch.setattr(grpo_phase, "weight_channel", lambda cfg: Channel())
+    monkeypatch.setattr(grpo_phase.StartGate, "create", lambda timeout_s: FakeGate())
+    monkeypatch.setattr(grpo_phase, "started_here", lambda: False)
+    monkeypatch.setattr(apps, "start", lambda *a: None)
     monkeypatch.setattr(apps, "deploy", lambda targets, *a: calls.append("deploy " + ",".join(t.name for t in targets)))
-    monkeypatch.setattr(apps, "delete", lambda names: calls.append("delete " + ",".join(names)))
+    monkeypatch.setattr(apps, "delete", lambda names, wait: calls.append(f"delete {','.join(names)} wait={wait}"))
     monkeypatch.setattr(grpo_phase, "evaluate", lambda *a, **k: calls.append("evaluate") or {"accuracy": 0.0})
     monkeypatch.setattr(grpo_phase, "train", fail)
     with pytest.raises(RuntimeError, match="learner died"):
         run_pipeline("grpo", [])
-    assert calls == [
-        "close weights",
-        "deploy grpo-rollout,grpo-reward",
-        "evaluate",
-        "train",
-        "delete grpo-rollout,grpo-reward",
-        "close weights",
-    ]
+    # the deploy and the held-out pass run on a thread beside the learner's start
+    deploy = "deploy grpo-rollout,grpo-reward"
+    assert calls[0] == "close weights" and sorted(calls[1:4]) == [deploy, "evaluate", "train"]
+    assert calls.index(deploy) < calls.index("evaluate")
+    assert calls[4:] == ["delete grpo-rollout,grpo-reward wait=True", "close weights"]
