@@ -95,6 +95,21 @@ def run_grpo(config: str, name: str, root: Path, args: list[str]) -> tuple[dict[
     return report, [r for r in rows if r.get("phase") == "grpo"], time.time() - t0
 
 
+# TRL trainers' arguments in every side-by-side: CPU, fp32, no logging services, no checkpoints,
+# every step logged, data loaded in the training process
+TRL_ON_CPU: dict[str, Any] = {
+    "use_cpu": True,
+    "bf16": False,
+    "report_to": "none",
+    "logging_steps": 1,
+    "save_strategy": "no",
+    "disable_tqdm": True,
+    "seed": 0,
+    "dataloader_num_workers": 0,
+    "dataloader_pin_memory": False,
+}
+
+
 def step_timer(times: list[float]) -> Any:
     """A transformers ``TrainerCallback`` that appends each optimizer step's wall seconds to ``times``."""
     import time

@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import OUT, ROOT, flags, step_timer, table
+from benchmarks.common import OUT, ROOT, TRL_ON_CPU, flags, step_timer, table
 
 
 def run_raypost(args: argparse.Namespace, out: Path) -> dict:
@@ -133,15 +133,7 @@ def run_trl(args: argparse.Namespace, student: str, teacher: str, rows: list[dic
         temperature=1.0,
         max_new_tokens=args.max_new_tokens,
         train_sampling_strategy="sequential",
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=0,
-        dataloader_num_workers=0,
-        dataloader_pin_memory=False,
+        **TRL_ON_CPU,
         max_length=256,
     )
     trainer = GKDTrainer(

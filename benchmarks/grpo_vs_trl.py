@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import OUT, ROOT, SHAPES, flags, model_for, table
+from benchmarks.common import OUT, ROOT, SHAPES, TRL_ON_CPU, flags, model_for, table
 
 NUM_TRAIN = 2000
 FLEXIBLE = {
@@ -167,15 +167,7 @@ def _trl_config(args: argparse.Namespace, out: Path) -> Any:
         scale_rewards="group",
         temperature=args.temperature,
         shuffle_dataset=False,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        logging_steps=1,
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=0,
-        dataloader_num_workers=0,
-        dataloader_pin_memory=False,
+        **TRL_ON_CPU,
     )
 
 

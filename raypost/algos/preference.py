@@ -32,14 +32,21 @@ class PreferenceParams:
     beta: float = 0.1  # DPO/IPO: the KL-penalty strength (IPO: the target margin is 1 / (2 beta)); SimPO: reward scale
     label_smoothing: float = 0.0  # sigmoid: the share of labels taken as flipped (cDPO, Mitchell 2023)
     simpo_gamma: float = 0.5  # SimPO: the target reward margin
+    nll_weight: float = 0.0  # RPO (Pang et al. 2024): weight of the chosen response's per-token NLL
 
 
 def _finish(
-    per_pair: torch.Tensor, r_w: torch.Tensor, r_l: torch.Tensor, norm: float
+    per_pair: torch.Tensor, r_w: torch.Tensor, r_l: torch.Tensor, norm: float, policy: PairLogps, p: PreferenceParams
 ) -> tuple[torch.Tensor, dict[str, float]]:
+    """Each pair's loss plus ``p.nll_weight`` times its chosen response's mean per-token NLL
+    (RPO; TRL's ``sft`` loss term takes the batch's token mean), summed over ``norm``; and metrics."""
+    nll = -policy.chosen / policy.chosen_len  # [B]
+    if p.nll_weight:
+        per_pair = per_pair + p.nll_weight * nll
     with torch.no_grad():
         metrics = {
             "loss": per_pair.mean().item(),
+            "nll_chosen": nll.mean().item(),
             "reward_chosen": r_w.mean().item(),
             "reward_rejected": r_l.mean().item(),
             "reward_margin": (r_w - r_l).mean().item(),
@@ -57,7 +64,7 @@ def sigmoid_dpo(
     r_w, r_l = p.beta * (policy.chosen - ref.chosen), p.beta * (policy.rejected - ref.rejected)
     z = r_w - r_l
     per_pair = -(1 - p.label_smoothing) * F.logsigmoid(z) - p.label_smoothing * F.logsigmoid(-z)
-    return _finish(per_pair, r_w, r_l, norm)
+    return _finish(per_pair, r_w, r_l, norm, policy, p)
 
 
 @PREFERENCE_LOSSES.register("ipo")
@@ -66,7 +73,8 @@ def ipo(policy: PairLogps, ref: PairLogps, p: PreferenceParams, norm: float) -> 
     h = (pi_w - ref_w) / |y_w| - (pi_l - ref_l) / |y_l|."""
     h = (policy.chosen - ref.chosen) / policy.chosen_len - (policy.rejected - ref.rejected) / policy.rejected_len
     per_pair = (h - 1 / (2 * p.beta)) ** 2
-    return _finish(per_pair, p.beta * (policy.chosen - ref.chosen), p.beta * (policy.rejected - ref.rejected), norm)
+    r_w, r_l = p.beta * (policy.chosen - ref.chosen), p.beta * (policy.rejected - ref.rejected)
+    return _finish(per_pair, r_w, r_l, norm, policy, p)
 
 
 @PREFERENCE_LOSSES.register("simpo")
@@ -76,7 +84,7 @@ def simpo(
     """SimPO (Meng et al. 2024), reference-free: -log sigmoid(beta * (pi_w / |y_w| - pi_l / |y_l|) - gamma)."""
     r_w, r_l = p.beta * policy.chosen / policy.chosen_len, p.beta * policy.rejected / policy.rejected_len
     per_pair = -F.logsigmoid(r_w - r_l - p.simpo_gamma)
-    return _finish(per_pair, r_w, r_l, norm)
+    return _finish(per_pair, r_w, r_l, norm, policy, p)
 
 
 NEEDS_REFERENCE = {"sigmoid": True, "ipo": True, "simpo": False}

@@ -20,13 +20,18 @@ def in_band(rate: float, low: float, high: float) -> bool:
     return low < rate < high
 
 
+def seeded_key(row_id: str, seed: int) -> float:
+    """A row's place in a seeded order, in [0, 1): the same for the same id and seed on any
+    machine (a hash, not Python's salted ``hash``)."""
+    digest = hashlib.sha256(f"{seed}:{row_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
 def easy_first_key(row_id: str, rate: float, seed: int, samples: int) -> float:
     """Sort key of the easy-to-hard curriculum (sorted descending): the pass rate, with a seeded
     tie-break below the gap between two rates of ``samples`` samples (1 / samples), so prompts
     of one rate are shuffled and never cross into another rate."""
-    digest = hashlib.sha256(f"{seed}:{row_id}".encode()).digest()
-    jitter = int.from_bytes(digest[:8], "big") / 2**64  # in [0, 1)
-    return rate + jitter / (2 * samples)
+    return rate + seeded_key(row_id, seed) / (2 * samples)
 
 
 def summary(rates: Sequence[float], low: float, high: float) -> dict[str, Any]:

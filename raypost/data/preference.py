@@ -192,3 +192,45 @@ class TokenizeChatPairs:
             rejected_ids=rejected,
             raw=keep_raw(batch, rejects, ["id", "prompt", "chosen", "rejected"]),
         )
+
+
+def best_worst(rewards: list[float], min_margin: float) -> tuple[int, int] | None:
+    """On-policy pairs: the indices (chosen, rejected) of a question's samples with the highest
+    and the lowest reward (the first of ties); None unless the gap exceeds ``min_margin``."""
+    if not rewards:
+        raise ValueError("a pair needs at least one sample")
+    hi = max(range(len(rewards)), key=rewards.__getitem__)
+    lo = min(range(len(rewards)), key=rewards.__getitem__)
+    return (hi, lo) if rewards[hi] - rewards[lo] > min_margin else None
+
+
+def policy_pairs(scored: list[dict[str, Any]], min_margin: float, max_seq_len: int) -> tuple[list[dict], dict]:
+    """Sampled questions (``phases.passrate.sample``'s rows, with ``question``) -> pair rows of
+    token ids as sampled (``prompt_ids``, ``chosen_ids``, ``rejected_ids``, with their texts and
+    rewards), and the count of each reason a question gave no pair."""
+    pairs, dropped = [], {"no_margin": 0, "identical": 0, "too_long": 0}
+    for row in scored:
+        picked = best_worst(row["rewards"], min_margin)
+        if picked is None:
+            dropped["no_margin"] += 1
+            continue
+        c, r = (row["completion_ids"][i] for i in picked)
+        if c == r:
+            dropped["identical"] += 1
+        elif len(row["prompt_ids"]) + max(len(c), len(r)) > max_seq_len:
+            dropped["too_long"] += 1
+        else:
+            pairs.append(
+                {
+                    "id": row["id"],
+                    "prompt": row["question"],
+                    "chosen": row["completions"][picked[0]],
+                    "rejected": row["completions"][picked[1]],
+                    "chosen_reward": row["rewards"][picked[0]],
+                    "rejected_reward": row["rewards"][picked[1]],
+                    "prompt_ids": row["prompt_ids"],
+                    "chosen_ids": c,
+                    "rejected_ids": r,
+                }
+            )
+    return pairs, dropped

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +42,24 @@ def read_pairs(cfg: DPOConfig, run_dir: Path) -> tuple[str, ray.data.Dataset, ra
     return model_path, train, evals
 
 
-def prepare(cfg: DPOConfig, run_dir: Path) -> tuple[str, ray.data.Dataset, ray.data.Dataset, dict[str, Any]]:
-    """(policy path, tokenized train pairs, tokenized held-out pairs, counts); rejects with
-    their reasons go to ``run_dir/rejects.jsonl``."""
+@dataclass
+class DPOData:
+    """The policy's path, the tokenized train and held-out pairs, the counts; with
+    ``policy_pairs``, also the held-out questions whose greedy accuracy is measured."""
+
+    model_path: str
+    train: ray.data.Dataset
+    eval: ray.data.Dataset
+    counts: dict[str, Any]
+    questions: list[dict[str, Any]] = field(default_factory=list)
+    accuracy_before: dict[str, Any] | None = None
+
+
+def prepare(cfg: DPOConfig, run_dir: Path) -> DPOData:
+    """The pairs (given, built, or sampled from the policy) and the policy; rejects with their
+    reasons go to ``run_dir/rejects.jsonl``."""
+    if cfg.policy_pairs.enabled:
+        return sampled_pairs(cfg, run_dir)
     model_path, *splits = read_pairs(cfg, run_dir)
     rejects = run_dir / "rejects.jsonl"
     rejects.unlink(missing_ok=True)
@@ -57,7 +73,25 @@ def prepare(cfg: DPOConfig, run_dir: Path) -> tuple[str, ray.data.Dataset, ray.d
         )
         out.append(with_reference(cfg, model_path, good.drop_columns(TEXT_COLUMNS)))
         counts[name] = c.as_dict()
-    return model_path, out[0], out[1], counts
+    return DPOData(model_path, out[0], out[1], counts)
+
+
+def sampled_pairs(cfg: DPOConfig, run_dir: Path) -> DPOData:
+    """``policy_pairs``: the questions tokenized as GRPO's prompts, then pairs of the policy's
+    own samples (``phases.policy_pairs``), as sampled."""
+    from raypost.phases import data as data_phase
+    from raypost.phases import policy_pairs
+
+    model_path, data = data_phase.prepare(cfg.data, cfg.model, run_dir)
+    train, evals, summary = policy_pairs.build(cfg, model_path, data, run_dir)
+    cols = ("id", "prompt_ids", "chosen_ids", "rejected_ids")
+    splits = [
+        with_reference(cfg, model_path, ray.data.from_items([{c: r[c] for c in cols} for r in rows]))
+        for rows in (train, evals)
+    ]
+    counts = {**data.counts, "policy_pairs": {k: v for k, v in summary.items() if k != "heldout_before"}}
+    questions = data.eval_rows(cfg.data.max_eval_samples)
+    return DPOData(model_path, splits[0], splits[1], counts, questions, summary["heldout_before"])
 
 
 def with_reference(cfg: DPOConfig, model_path: str, pairs: ray.data.Dataset) -> ray.data.Dataset:

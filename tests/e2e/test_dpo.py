@@ -71,3 +71,51 @@ def test_dpo_pipeline_makes_the_policy_prefer_the_chosen_responses(ray_cluster, 
     assert after["eval_logp_accuracy"] >= before["eval_logp_accuracy"] + 0.15, report["heldout"]
     assert after["eval_reward_accuracy"] >= 0.65 and after["eval_reward_margin"] > 0, report["heldout"]
     assert report["data"]["train"]["kept"] > 0 and (tmp_path / "dpo-tiny" / "loss.png").is_file()
+
+
+@pytest.mark.slow
+def test_dpo_on_the_policys_own_samples_pairs_best_and_worst_as_sampled_and_resumes(ray_cluster, tmp_path):
+    """``policy_pairs``: the tiny model on a vLLM replica samples 4 completions per question and
+    a reward app scores them pass/fail by a hash of the text (tests.reward_fns:coin). Each kept
+    pair is checked against what it must be: its rewards recomputed here are 1 and 0, its ids
+    are the question's chat prompt and decode to the texts sampled; every question sampled is a
+    pair or a counted drop. The held-out accuracy is measured before and after; a resumed run
+    reuses the pairs."""
+    from raypost.data.tokenize import prompt_ids
+    from raypost.models.hf import load_tokenizer
+    from tests.reward_fns import coin
+
+    args = [
+        *("--run.name", "dpo-policy", "--run.storage_path", str(tmp_path), "--run.wandb_mode", "disabled"),
+        *("--model.tiny", "{hidden_size: 64, num_layers: 2, num_heads: 2, num_kv_heads: 1, intermediate_size: 128}"),
+        *("--data.synthetic", "{num_train: 200, num_eval: 12}", "--data.max_seq_len", "128"),
+        *("--policy_pairs.enabled", "true", "--policy_pairs.samples", "4", "--policy_pairs.max_prompts", "16"),
+        *("--policy_pairs.max_new_tokens", "16", "--eval.max_new_tokens", "16", "--rollout.max_model_len", "256"),
+        *("--reward.rewards", '[{name: coin, fn: "tests.reward_fns:coin", weight: 1.0}]'),
+        *("--dpo.max_steps", "2", "--dpo.max_eval_pairs", "6", "--optim.micro_batch_size", "4"),
+    ]
+    run_pipeline("dpo.py", args, ray_cluster, timeout=900)
+    run = tmp_path / "dpo-policy"
+    rows = [json.loads(line) for line in (run / "policy_pairs.jsonl").read_text().splitlines()]
+    summary = json.loads((run / "policy_pairs_summary.json").read_text())
+    train = [r for r in rows if r["split"] == "train"]
+    assert summary["train"]["questions"] == 16 and summary["eval"]["questions"] == 6
+    assert len(train) == summary["train"]["pairs"] > 0
+    assert summary["train"]["pairs"] + sum(summary["train"]["dropped"].values()) == 16
+    tok = load_tokenizer(str(run / "base_model"))
+    for r in rows:
+        assert coin([], [r["chosen"], r["rejected"]]) == [1.0, 0.0] == [r["chosen_reward"], r["rejected_reward"]]
+        assert r["prompt_ids"] == prompt_ids(tok, r["prompt"], None, "{question}")
+        for side in ("chosen", "rejected"):  # vLLM's text leaves out a trailing partial UTF-8 character
+            decoded = tok.decode(r[f"{side}_ids"], skip_special_tokens=True)
+            assert decoded.rstrip("\ufffd") == r[side].rstrip("\ufffd"), side
+    report = json.loads((run / "report.json").read_text())
+    acc = report["heldout_accuracy"]
+    assert acc["before"]["n"] == acc["after"]["n"] == 12
+    assert acc["gain"] == acc["after"]["accuracy"] - acc["before"]["accuracy"]
+    assert report["data"]["policy_pairs"]["train"]["pairs"] == len(train)
+
+    before = (run / "policy_pairs.jsonl").read_text()
+    proc = run_pipeline("dpo.py", [*args, "--dpo.max_steps", "3"], ray_cluster, timeout=900)
+    assert "policy pairs: reusing" in proc.stdout + proc.stderr
+    assert (run / "policy_pairs.jsonl").read_text() == before

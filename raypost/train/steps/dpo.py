@@ -51,7 +51,9 @@ def pair_logps(model: Any, rows: list[dict[str, Any]], pad_id: int, device: Any)
 
 def params_of(cfg: DPOConfig) -> PreferenceParams:
     d = cfg.dpo
-    return PreferenceParams(beta=d.beta, label_smoothing=d.label_smoothing, simpo_gamma=d.simpo_gamma)
+    return PreferenceParams(
+        beta=d.beta, label_smoothing=d.label_smoothing, simpo_gamma=d.simpo_gamma, nll_weight=d.nll_weight
+    )
 
 
 def loss_on(

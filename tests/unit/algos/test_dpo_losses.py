@@ -76,6 +76,19 @@ def test_simpo_by_hand_needs_no_reference():
     assert out.item() == pytest.approx(softplus(0.5), abs=1e-6) and m["reward_margin"] == pytest.approx(0.0)
 
 
+@pytest.mark.parametrize("name", ["sigmoid", "ipo", "simpo"])
+def test_rpo_adds_the_chosen_responses_per_token_nll(name):
+    # Chosen log-probs -2 over 2 tokens and -4 over 4: NLL 1.0 per token in both pairs. Weight 0.5
+    # adds 0.5 * (1 + 1) / norm 2 = 0.5 to the loss, and -0.5 / (2 * 2) to d/d(pi_w) of pair 0.
+    base, _, p0 = loss(name)
+    rpo, m, p1 = loss(name, nll_weight=0.5)
+    assert rpo.item() == pytest.approx(base.item() + 0.5, abs=1e-6) and m["nll_chosen"] == pytest.approx(1.0)
+    base.backward()
+    rpo.backward()
+    assert p1.chosen.grad[0].item() - p0.chosen.grad[0].item() == pytest.approx(-0.5 / 4, abs=1e-6)
+    assert p1.rejected.grad.tolist() == pytest.approx(p0.rejected.grad.tolist(), abs=1e-7)
+
+
 def test_config_checks_name_the_field():
     from raypost.config import ConfigError, load_config
     from raypost.config.dpo import DPOConfig

@@ -7,7 +7,7 @@ import pandas as pd
 
 from raypost.config import load_config
 from raypost.config.grpo import GRPOConfig
-from raypost.phases.passrate import Scorer
+from raypost.phases.passrate import Scorer, spec
 
 
 class Remote:
@@ -30,7 +30,10 @@ class FakeRollout:
 
     def _generate(self, prompts, n, sampling):
         self.requests.append(prompts)
-        return [{"completions": [{"text": f"{p[0]}:{j}"} for j in range(n)], "version": 0} for p in prompts]
+        return [
+            {"completions": [{"text": f"{p[0]}:{j}", "token_ids": [p[0], j]} for j in range(n)], "version": 0}
+            for p in prompts
+        ]
 
 
 class FakeReward:
@@ -54,7 +57,7 @@ def test_each_prompt_gets_its_own_samples_rewards():
         GRPOConfig, ["--pass_rate.enabled", "true", "--pass_rate.samples", "4", "--pass_rate.prompts_per_request", "2"]
     )
     rollout = FakeRollout()
-    scorer = Scorer(cfg, {"rollout": "r", "reward": "w"}, rollout=rollout, reward=FakeReward())
+    scorer = Scorer(spec(cfg), {"rollout": "r", "reward": "w"}, rollout=rollout, reward=FakeReward())
     batch = pd.DataFrame(
         {
             "id": [f"id{p}" for p in (0, 1, 3, 4, 2)],
@@ -67,4 +70,5 @@ def test_each_prompt_gets_its_own_samples_rewards():
     assert list(out["pass_rate"]) == [0.0, 0.25, 0.75, 1.0, 0.5]  # prompt p passes p of 4
     assert list(out["rewards"].iloc[2]) == [1.0, 1.0, 1.0, 0.0]
     assert list(out["completions"].iloc[1]) == ["1:0", "1:1", "1:2", "1:3"]
+    assert [list(c) for c in out["completion_ids"].iloc[1]] == [[1, 0], [1, 1], [1, 2], [1, 3]]
     assert [len(r) for r in rollout.requests] == [2, 2, 1]  # prompts_per_request prompts a request
