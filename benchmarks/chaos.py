@@ -50,7 +50,8 @@ from typing import Any
 
 from benchmarks.chaos_grpo import replica_drill, resubmit_drill, scale_drill, worker_drill
 from benchmarks.common import OUT, ROOT, table
-from raypost.utils.local_head import LocalHead, LocalRedis, free_port
+from raypost.utils.local_head import LocalHead, free_port
+from raypost.utils.local_redis import LocalRedis
 
 DEPLOY = """
 import ray

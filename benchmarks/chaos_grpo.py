@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import ROOT
-from raypost.utils.local_head import LocalHead, LocalRedis, free_port
+from raypost.utils.local_head import LocalHead, free_port
+from raypost.utils.local_redis import LocalRedis
 
 GRPO_ARGS = [
     "--config",

@@ -1,5 +1,5 @@
 """A local Ray head started with ``ray start --head --block``: its own temp dir, free ports on
-127.0.0.1, optional Redis for GCS fault tolerance, and stopped by its own process group (never
+127.0.0.1, optional Redis for GCS fault tolerance (``local_redis``), and stopped by its own process group (never
 ``ray stop``, which kills every Ray cluster on the machine). Used by tests, the chaos drills and
 ``python -m raypost.utils.local_head [--num-cpus N] [--redis HOST:PORT]`` for users."""
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -23,6 +24,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import psutil
+
+# What `ray start` prints when a port it was given is taken (Ray 2.x's dashboard, GCS and others).
+PORT_TAKEN = re.compile(r"already occupied|already in use|Failed to bind", re.IGNORECASE)
 
 
 def free_ports(n: int) -> list[int]:
@@ -61,11 +65,19 @@ class LocalHead:
     nodes: list[subprocess.Popen] = field(default_factory=list)
     side_ports: tuple[int, int] = (0, 0)  # client server, dashboard agent (defaults 10001, 52365 clash)
 
+    # The ports left to this head to pick (given as 0): picked again when `ray start` finds one taken.
+    _picked: tuple[bool, bool, bool] = (False, False, False)
+
     def __post_init__(self) -> None:
+        self._picked = (not self.gcs_port, not self.dashboard_port, not any(self.side_ports))
+        self._pick_ports()
+
+    def _pick_ports(self) -> None:
         gcs, dashboard, client, agent = free_ports(4)
-        self.gcs_port = self.gcs_port or gcs
-        self.dashboard_port = self.dashboard_port or dashboard
-        self.side_ports = self.side_ports if any(self.side_ports) else (client, agent)
+        picked_gcs, picked_dashboard, picked_side = self._picked
+        self.gcs_port = gcs if picked_gcs else self.gcs_port
+        self.dashboard_port = dashboard if picked_dashboard else self.dashboard_port
+        self.side_ports = (client, agent) if picked_side else self.side_ports
 
     @property
     def address(self) -> str:
@@ -112,12 +124,27 @@ class LocalHead:
             str(self.side_ports[1]),
         ]
 
-    def start(self, timeout: float = 120.0) -> LocalHead:
+    def start(self, timeout: float = 120.0, attempts: int = 3) -> LocalHead:
+        """``ray start``, within ``timeout`` seconds. A port of this head's own picking that another
+        process took before ``ray start`` bound it (another cluster starting on this machine at the
+        same moment: seen in CI, the dashboard's port) is picked again, up to ``attempts`` times."""
+        for attempt in range(1, attempts + 1):
+            Path(self.temp_dir).mkdir(parents=True, exist_ok=True)
+            log = Path(self.temp_dir) / f"ray_start.{attempt}.log"
+            try:
+                return self._start_once(timeout, log)
+            except RuntimeError:
+                taken = PORT_TAKEN.search(log.read_text(errors="replace")) is not None
+                if not (taken and any(self._picked)) or attempt == attempts:
+                    raise
+                self._pick_ports()
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float, log: Path) -> LocalHead:
         env = self.env()
         env.pop("RAY_ADDRESS")
         if self.redis_address:
             env["RAY_REDIS_ADDRESS"] = self.redis_address
-        log = Path(self.temp_dir) / "ray_start.log"
         with log.open("ab") as fh:  # the child keeps its own copy of the descriptor
             # Own session: stop() signals exactly this process group.
             self.proc = subprocess.Popen(
@@ -126,6 +153,7 @@ class LocalHead:
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() not in (None, *([] if self.block else [0])):
+                self.stop()
                 raise RuntimeError(f"ray start exited with {self.proc.returncode}; see {log}")
             if self._dashboard_up():
                 return self
@@ -245,78 +273,16 @@ class LocalHead:
             )
 
     def __enter__(self) -> LocalHead:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:
+            self.__exit__()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
         if not self.keep_temp:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
-
-
-@dataclass
-class LocalRedis:
-    """Debian's ``redis-server`` on 127.0.0.1 at a free port, with its data in its own folder:
-    the GCS store of a fault-tolerant head (``LocalHead(redis_address=redis.address)``)."""
-
-    port: int = field(default_factory=free_port)
-    data_dir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="rpr", dir="/tmp"))
-    proc: subprocess.Popen | None = None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 30.0) -> LocalRedis:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError("redis-server is not installed; `make redis` installs Debian's redis-server")
-        self.proc = subprocess.Popen(
-            [
-                binary,
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--dir",
-                self.data_dir,
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-                "--protected-mode",
-                "yes",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as conn:
-                    conn.sendall(b"PING\r\n")
-                    if conn.recv(16).startswith(b"+PONG"):
-                        return self
-            except OSError:
-                time.sleep(0.2)
-        self.stop()
-        raise TimeoutError(f"redis-server did not answer on {self.address} in {timeout:.0f} s")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        shutil.rmtree(self.data_dir, ignore_errors=True)
-
-    def __enter__(self) -> LocalRedis:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def _stop_group(
