@@ -29,9 +29,7 @@ GRPO_ARGS = [
     "false",
     "--run.wandb_mode",
     "disabled",
-    "--rollout.max_attempts",
-    "8",
-]
+]  # the rollout section at its defaults: one replica, rollout.retry_window_s 300
 PROMPTS_PER_STEP, PER_STEP = 4, 16  # grpo_smoke: 4 prompts x 4 completions per step
 
 
@@ -151,16 +149,19 @@ def _auth_env(head: LocalHead) -> None:
     os.environ.update({k: v for k, v in head.env().items() if k != "RAY_ADDRESS"})
 
 
-def _kill_drill(fault: str, class_prefix: str, extra: list[str], at_step: int, root: Path, eta: int) -> dict[str, Any]:
-    """SIGKILL one actor of ``class_prefix`` once the job has trained ``at_step`` steps."""
+def _kill_drill(
+    fault: str, class_prefix: str, extra: list[str], at_step: int, root: Path, eta: int, child: str | None = None
+) -> dict[str, Any]:
+    """SIGKILL one actor of ``class_prefix`` once the job has trained ``at_step`` steps (or, with
+    ``child``, its child process of that title: the vLLM engine inside a live replica)."""
     with LocalHead(num_cpus=4) as head:
         _auth_env(head)
         job = GRPOJob(head, root, re.sub(r"\W+", "-", fault), 8, [*extra, *eta_args(eta)])
         job_id = job.submit()
         job.wait_step(1, job_id)
-        victims = _actor_pids(
-            head, class_prefix.format(run=job.name)
-        )  # found ahead: the kill must land right after at_step
+        victims = _actor_pids(head, class_prefix.format(run=job.name))  # found ahead: the kill lands after at_step
+        if child is not None:
+            victims = _children(victims, child)
         if not victims:
             raise RuntimeError(f"no live ray::{class_prefix}* process under this head")
         job.wait_step(at_step, job_id)
@@ -172,9 +173,27 @@ def _kill_drill(fault: str, class_prefix: str, extra: list[str], at_step: int, r
 
 
 def replica_drill(root: Path, eta: int) -> dict[str, Any]:
+    # The only replica: its requests are retried until Serve has replaced it (rollout.retry_window_s).
+    return _kill_drill("rollout replica kill", "ServeReplica:{run}-rollout", [], 2, root, eta)
+
+
+def engine_drill(root: Path, eta: int) -> dict[str, Any]:
+    # The replica lives on with a dead engine: it leaves at the first failed request, Serve replaces it.
     return _kill_drill(
-        "rollout replica kill", "ServeReplica:{run}-rollout", ["--rollout.num_replicas", "2"], 2, root, eta
+        "vLLM engine kill in a live replica", "ServeReplica:{run}-rollout", [], 2, root, eta, "VLLM::EngineCore"
     )
+
+
+def _children(pids: list[int], title: str) -> list[int]:
+    """Pids of the child processes of ``pids`` whose title starts with ``title``."""
+    import psutil
+
+    found = []
+    for pid in pids:
+        for proc in psutil.Process(pid).children(recursive=True):
+            if (proc.cmdline() or [""])[0].startswith(title):
+                found.append(proc.pid)
+    return found
 
 
 def worker_drill(root: Path, eta: int) -> dict[str, Any]:

@@ -181,7 +181,17 @@ class RolloutConfig(StrictModel):
             "the collective transport broadcasts this much at a time."
         ),
     )
-    max_attempts: int = Field(4, ge=1, le=100, description="Client tries per request across replica failures.")
+    max_attempts: int = Field(
+        4, ge=1, le=100, description="Client tries per request across replica failures, at least (retry_window_s)."
+    )
+    retry_window_s: float = Field(
+        300.0,
+        ge=0.0,
+        le=86_400.0,
+        description="Seconds a request failing on replica errors keeps being retried, from its first failure "
+        "(after max_attempts tries): long enough for Serve to replace a dead replica (health checks every 10 s, "
+        "a new engine's start), so a replica death costs no group. 0: max_attempts tries only.",
+    )
     request_timeout_s: float = Field(
         900.0,
         gt=0.0,

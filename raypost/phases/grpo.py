@@ -304,13 +304,7 @@ def evaluate(cfg: GRPOConfig, data: PreparedData, version: int | None = None, mo
     from raypost.serve.rollout_client import RolloutClient
 
     rollout = cfg.rollout
-    client = RolloutClient(
-        app_names(cfg)["rollout"],
-        weight_channel(cfg),
-        rollout.max_attempts,
-        chunk=16,
-        timeout_s=rollout.request_timeout_s,
-    )
+    client = RolloutClient.of(app_names(cfg)["rollout"], weight_channel(cfg), rollout, 16)
     if version is not None:
         asyncio.run(client.await_version(version))
     if cfg.agent.env is not None:

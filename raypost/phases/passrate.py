@@ -75,14 +75,7 @@ class Scorer:
 
         r = spec.rollout
         self.spec = spec
-        self.client = RolloutClient(
-            apps["rollout"],
-            None,
-            r.max_attempts,
-            chunk=spec.prompts_per_request,
-            handle=rollout,
-            timeout_s=r.request_timeout_s,
-        )
+        self.client = RolloutClient.of(apps["rollout"], None, r, spec.prompts_per_request, rollout)
         if reward is None:
             from ray import serve
 
@@ -93,20 +86,14 @@ class Scorer:
         return asyncio.run(self._score(batch))
 
     async def _score(self, batch: pd.DataFrame) -> pd.DataFrame:
-        from raypost.serve.rollout_client import with_retries
-
         k = self.spec.samples
         outs = await self.client.agenerate([list(ids) for ids in batch["prompt_ids"]], k, self.spec.sampling)
         texts = [c["text"] for o in outs for c in o["completions"]]
         ids = [[int(t) for t in c["token_ids"]] for o in outs for c in o["completions"]]
         questions = [q for q in batch["question"] for _ in range(k)]
         answers = [a for a in batch["answer"] for _ in range(k)]
-        scores = await with_retries(
-            lambda: self.reward.score.remote(questions, texts, answers),
-            "reward",
-            self.client.max_attempts,
-            self.client.backoff_s,
-            timeout_s=self.spec.reward_timeout_s,
+        scores = await self.client.retried(
+            lambda: self.reward.score.remote(questions, texts, answers), "reward", self.spec.reward_timeout_s
         )
         rewards = [float(x) for x in scores["rewards"]]
         per_prompt = [rewards[i * k : (i + 1) * k] for i in range(len(batch))]

@@ -88,7 +88,7 @@ def _sample(cfg: DPOConfig, model_path: str, data: PreparedData) -> tuple[list[d
     t0 = time.time()
     with serve_apps.deployed(apps(cfg, model_path), cfg.reward.host, cfg.reward.port):
         r = cfg.rollout
-        client = RolloutClient(names["rollout"], None, r.max_attempts, chunk=16, timeout_s=r.request_timeout_s)
+        client = RolloutClient.of(names["rollout"], None, r, 16)
         before = rollout_accuracy(client, heldout, cfg.eval.max_new_tokens, extract=cfg.eval.extract)
         log.info("held-out accuracy of the starting policy: %.3f (%d questions)", before["accuracy"], before["n"])
         scored = {split: passrate.sample(specs[split], prompts[split], names) for split in specs}

@@ -23,7 +23,6 @@ from typing import Any
 from raypost.config.grpo import AlgoConfig
 from raypost.rl import groups as G
 from raypost.rl.controller import RolloutController
-from raypost.serve.rollout_client import with_retries
 from raypost.weights import WeightsNotReachedError, check_served
 
 log = logging.getLogger("raypost.producer")
@@ -177,13 +176,7 @@ class RolloutProducer:
             group, t1 = await self.rollout(row), time.perf_counter()
             check_served(group.version, pushed, self.client.channel.describe() if self.client.channel else "no channel")
             args = G.reward_args([group])
-            scores = await with_retries(
-                lambda: self.reward.score.remote(*args),
-                "reward",
-                self.client.max_attempts,
-                self.client.backoff_s,
-                timeout_s=self.reward_timeout_s,
-            )
+            scores = await self.client.retried(lambda: self.reward.score.remote(*args), "reward", self.reward_timeout_s)
             G.apply_scores([group], scores, self.algo)
             group.timing = {"gen_start": t0, "gen_end": t1, "reward_s": time.perf_counter() - t1}
             with self.cond:

@@ -143,4 +143,4 @@ def served(model_path: str, cfg: RolloutConfig, app: str, chunk: int = 16) -> It
     evaluation through vLLM (``eval.engine: vllm``). Yields a client; no weights are pushed, so
     the replicas serve the model as loaded (no weight channel)."""
     with deployed([rollout(app, model_path, cfg)]):
-        yield RolloutClient(app, None, cfg.max_attempts, chunk=chunk, timeout_s=cfg.request_timeout_s)
+        yield RolloutClient.of(app, None, cfg, chunk)

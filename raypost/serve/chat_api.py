@@ -1,4 +1,5 @@
-"""OpenAI-compatible ``POST /v1/chat/completions`` for the rollout app: an external agent harness
+"""The rollout app's request models (``Sampling``, ``/v1/completions``) and its OpenAI-compatible
+``POST /v1/chat/completions``: an external agent harness
 drives the policy by pointing its ``base_url`` here. Tool calls come back in OpenAI's shape,
 parsed from the model's own format; each choice also carries the prompt's and the completion's
 token ids, with per-token log-probs when asked (``logprobs: true``), and the weight version."""
@@ -6,14 +7,40 @@ token ids, with per-token log-probs when asked (``logprobs: true``), and the wei
 from __future__ import annotations
 
 import json
+import time
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from raypost.data.tool_calls import format_tool_call, parse_tool_calls
 
 MAX_MESSAGES, MAX_TOOLS = 256, 64
+SESSION_ID = r"^[A-Za-z0-9_.:-]{1,128}$"  # an external harness's conversation (raypost.serve.sessions)
+MAX_N = 64  # completions per HTTP request: more is a batch job, not a request
+CHARS_PER_TOKEN = 32  # a text prompt longer than max_model_len x this is refused before tokenizing
+
+
+class ReplicaBrokenError(RuntimeError):
+    """This replica cannot serve (a dead engine, a half-loaded version, a hung request); Serve
+    replaces it, and callers retry the request elsewhere (``rollout_client.RETRYABLE``)."""
+
+
+class Sampling(BaseModel):
+    """Sampling parameters accepted by ``generate`` and /v1/completions."""
+
+    model_config = ConfigDict(extra="forbid")
+    temperature: float = Field(1.0, ge=0.0, le=10.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(64, ge=1, le=1_000_000)
+    stop: list[Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(None, max_length=16)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)  # torch's generator takes no more
+
+
+class CompletionRequest(Sampling):
+    model_config = ConfigDict(extra="ignore")  # OpenAI clients send fields we do not use (user, stream=false...)
+    prompt: str | list[Annotated[int, Field(ge=0)]]
+    n: int = Field(1, ge=1, le=MAX_N)
 
 
 class ChatMessage(BaseModel):
@@ -36,6 +63,7 @@ class ChatRequest(BaseModel):
     max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     logprobs: bool = False
+    session_id: str | None = Field(None, pattern=SESSION_ID, description="record this turn (serve.sessions)")
 
     def sampling(self) -> dict[str, Any]:
         return {
@@ -104,3 +132,22 @@ def choice(completion: dict[str, Any], tok: Any, want_logprobs: bool) -> dict[st
             ]
         }
     return out
+
+
+def chat_response(model: str, ids: list[int], group: dict[str, Any], tok: Any, want_logprobs: bool) -> dict[str, Any]:
+    """The OpenAI chat completion of one replica answer, with the prompt's ids and the weight version."""
+    c = group["completions"][0]
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice(c, tok, want_logprobs)],
+        "usage": {
+            "prompt_tokens": len(ids),
+            "completion_tokens": len(c["token_ids"]),
+            "total_tokens": len(ids) + len(c["token_ids"]),
+        },
+        "prompt_token_ids": ids,
+        "weight_version": group["version"],
+    }

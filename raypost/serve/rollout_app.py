@@ -4,11 +4,10 @@ Handle API: ``generate(prompt_ids, n, sampling) -> [{"completions": [{token_ids,
 finish_reason, text}], "version"}]`` (one entry per prompt). Logprobs are vLLM's
 ``processed_logprobs``: of the distribution actually sampled (after temperature), which
 is the behaviour policy GRPO's importance ratios need.
-HTTP (the app on its own, ``raypost serve-rollout``; a training run's rollout app has no HTTP
-route): ``POST /v1/completions`` and ``POST /v1/chat/completions`` (OpenAI-compatible subsets; chat
-with tools, token ids and log-probs: ``chat_api``) and ``GET /health``, behind a bearer
-token when one is set (``RAYPOST_ROLLOUT_TOKEN``). ``n``, ``seed``, ``stop`` and the prompt are
-bounded before anything reaches the engine.
+HTTP (the app on its own, ``raypost serve-rollout``; a run's rollout app has no HTTP route):
+``POST /v1/completions``, ``POST /v1/chat/completions`` (OpenAI subsets; tools, token ids and
+log-probs: ``chat_api``; sessions recorded as episodes: ``sessions``), ``GET /health``, behind a
+bearer token when set (``RAYPOST_ROLLOUT_TOKEN``); every field bounded before the engine sees it.
 
 Weights: before serving a request a replica asks its weight channel (``raypost.weights``, when
 the app was given one) for the newest version; when a different version is published it waits for
@@ -25,38 +24,29 @@ import time
 import uuid
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Header, HTTPException
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import FastAPI, Header, HTTPException, Query
+from fastapi import Path as PathParam
 from ray import serve
 
 from raypost.config.serve import RolloutConfig
 from raypost.models.named import resolve
 from raypost.serve.auth import check_bearer
-from raypost.serve.chat_api import ChatRequest, choice, template_messages
+from raypost.serve.chat_api import (
+    CHARS_PER_TOKEN,
+    SESSION_ID,
+    ChatRequest,
+    CompletionRequest,
+    ReplicaBrokenError,
+    Sampling,
+    chat_response,
+    template_messages,
+)
 from raypost.serve.engine_env import cpu_engine_env, prefill_args, replica_name
+from raypost.serve.sessions import SessionEnd, book_call
 from raypost.weights import WeightChannel
 
 api = FastAPI(title="raypost rollout")
 EXTENSION = "raypost.weights.vllm_ext.WeightReloadExtension"
-MAX_N = 64  # completions per HTTP request: more is a batch job, not a request
-CHARS_PER_TOKEN = 32  # a text prompt longer than max_model_len x this is refused before tokenizing
-
-
-class Sampling(BaseModel):
-    """Sampling parameters accepted by ``generate`` and /v1/completions."""
-
-    model_config = ConfigDict(extra="forbid")
-    temperature: float = Field(1.0, ge=0.0, le=10.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_tokens: int = Field(64, ge=1, le=1_000_000)
-    stop: list[Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(None, max_length=16)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)  # torch's generator takes no more
-
-
-class CompletionRequest(Sampling):
-    model_config = ConfigDict(extra="ignore")  # OpenAI clients send fields we do not use (user, stream=false...)
-    prompt: str | list[Annotated[int, Field(ge=0)]]
-    n: int = Field(1, ge=1, le=MAX_N)
 
 
 @serve.deployment
@@ -98,7 +88,7 @@ class RolloutServer:
 
     async def _ensure_latest(self) -> None:
         if self._broken:
-            raise RuntimeError(f"this replica cannot serve: {self._broken}")
+            raise ReplicaBrokenError(f"this replica cannot serve: {self._broken}")
         if self.channel is None:
             return
         if not await self.channel.newer_than(self.version):
@@ -121,7 +111,7 @@ class RolloutServer:
                 # would mix versions silently. The replica fails its health check; Serve replaces it.
                 why = why if isinstance(err, TimeoutError) else "failed midway"
                 self._broken = f"loading weight version {self._loading} {why} ({type(err).__name__}: {err})"
-                raise RuntimeError(f"this replica cannot serve: {self._broken}") from err
+                raise ReplicaBrokenError(f"this replica cannot serve: {self._broken}") from err
             if version is not None:
                 await self.engine.reset_prefix_cache()
                 self.version = version
@@ -156,7 +146,7 @@ class RolloutServer:
         while self._inflight:
             if time.monotonic() > deadline:
                 self._broken = f"{self._inflight} requests still in flight after rollout.drain_timeout_s"
-                raise RuntimeError(f"this replica cannot reload its weights: {self._broken}")
+                raise ReplicaBrokenError(f"this replica cannot reload its weights: {self._broken}")
             await asyncio.sleep(0.005)
 
     async def _sample(self, prompt_ids: list[int], n: int, s: Sampling) -> list[dict[str, Any]]:
@@ -199,16 +189,36 @@ class RolloutServer:
             version = self.version
         try:
             groups = await asyncio.gather(*[self._sample(p, n, s) for p in prompt_ids])
+        except Exception:
+            self._evict_if_dead()
+            raise
         finally:
             self._inflight -= 1
         return [{"completions": g, "version": version} for g in groups]
+
+    _exit = staticmethod(os._exit)
+
+    def _evict_if_dead(self) -> None:
+        """A request failed: if the engine is dead, this replica's process leaves at once (Serve
+        replaces a replica whose actor died at its next probe; a failing health check needs 3 misses
+        10 s apart, and every request until then would fail). Callers retry on the new replica
+        (``rollout.retry_window_s``)."""
+        if not self.engine.errored:
+            return
+        self._broken = self._broken or "its vLLM engine died"
+        logging.getLogger("raypost").error("rollout replica %s leaves: its vLLM engine died", replica_name())
+        asyncio.get_running_loop().call_later(0.2, self._exit, 1)  # the failing request's error goes out first
 
     async def score(self, sequences: list[list[int]], start: list[int], top_k: int = 0) -> list[dict[str, Any]]:
         """This model's log-prob of every token of ``seq[start:]`` given what precedes it (vLLM
         prompt log-probs; a teacher scoring a student's samples), and its top-k at each of
         those positions. One dict per sequence: logprobs [n], top_ids [n][k], top_logprobs [n][k]."""
         await self._ensure_latest()
-        return list(await asyncio.gather(*[self._score(seq, s, top_k) for seq, s in zip(sequences, start)]))
+        try:
+            return list(await asyncio.gather(*[self._score(seq, s, top_k) for seq, s in zip(sequences, start)]))
+        except Exception:
+            self._evict_if_dead()
+            raise
 
     async def _score(self, seq: list[int], start: int, top_k: int) -> dict[str, Any]:
         from vllm import SamplingParams
@@ -303,21 +313,34 @@ class RolloutServer:
                 422, f"prompt ({len(ids)} tokens) + max_tokens exceeds max_model_len {self.cfg.max_model_len}"
             )
         [group] = await self.generate([ids], 1, sampling)
-        c = group["completions"][0]
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.model_path,
-            "choices": [choice(c, tok, req.logprobs)],
-            "usage": {
-                "prompt_tokens": len(ids),
-                "completion_tokens": len(c["token_ids"]),
-                "total_tokens": len(ids) + len(c["token_ids"]),
-            },
-            "prompt_token_ids": ids,
-            "weight_version": group["version"],
-        }
+        if req.session_id is not None:
+            from raypost.serve.sessions import record_turn
+
+            await record_turn(self._app, req.session_id, ids, group)
+        return chat_response(self.model_path, ids, group, tok, req.logprobs)
+
+    @api.post("/v1/sessions/{session_id}/end")
+    async def end_session(
+        self,
+        body: SessionEnd,
+        session_id: Annotated[str, PathParam(pattern=SESSION_ID)],
+        authorization: Annotated[str | None, Header()] = None,
+    ) -> dict[str, Any]:
+        """Close an external harness's session as a training episode: ``raypost.serve.sessions``."""
+        check_bearer(authorization, self.token)
+        return await book_call(self._app, "end", session_id, body.reward, body.group)
+
+    @api.get("/v1/sessions/episodes")
+    async def session_episodes(
+        self, take: Annotated[int, Query(ge=1, le=1024)] = 64, authorization: Annotated[str | None, Header()] = None
+    ) -> dict[str, Any]:
+        """Finished sessions' episodes, oldest first, each handed out once."""
+        check_bearer(authorization, self.token)
+        return {"episodes": await book_call(self._app, "take", take)}
+
+    @property
+    def _app(self) -> str:
+        return serve.get_replica_context().app_name
 
     async def check_health(self) -> None:
         """Serve's health probe: a dead engine fails it, so Serve replaces this replica."""

@@ -7,11 +7,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from raypost.weights import WeightChannel
+
+if TYPE_CHECKING:
+    from raypost.config.serve import RolloutConfig
 
 log = logging.getLogger("raypost.rollout")
 T = TypeVar("T")
@@ -27,6 +30,7 @@ RETRYABLE = (
     "WorkerCrashedError",
     "OwnerDiedError",
     "EngineDeadError",
+    "ReplicaBrokenError",  # raypost's replica refusing while Serve replaces it
     "TimeoutError",  # a request past its deadline: its replica may be hung; another may answer
 )  # a dead vLLM engine fails its replica's health check; Serve replaces it
 
@@ -42,35 +46,47 @@ async def with_retries(
     backoff_s: float,
     on_retry: Callable[[], None] | None = None,
     timeout_s: float | None = None,
+    window_s: float = 0.0,
 ) -> T:
-    """``await call()``, each try bounded by ``timeout_s`` (None: unbounded); a replica error
-    (``RETRYABLE``, a timeout included) is retried up to ``max_attempts`` tries in all, after
-    ``backoff_s`` doubling per attempt (capped at 10x). Other errors raise at once."""
-    for attempt in range(1, max_attempts + 1):
+    """``await call()``, each try bounded by ``timeout_s`` (None: unbounded). A replica error
+    (``RETRYABLE``, a timeout included) is retried: ``max_attempts`` tries at least, and on for
+    ``window_s`` seconds from the first failure (``rollout.retry_window_s``: Serve's replacement of
+    a dead replica fits in it, so a replica death costs no request), after ``backoff_s`` doubling
+    per retry, capped at 10x. Other errors raise at once."""
+    first_failure: float | None = None
+    attempt = 0
+    while True:
+        attempt += 1
         try:
             return await asyncio.wait_for(call(), timeout_s)
         except Exception as err:  # noqa: BLE001 - classified below
-            if not _retryable(err) or attempt == max_attempts:
+            now = time.monotonic()
+            first_failure = now if first_failure is None else first_failure
+            pause = min(10 * backoff_s, backoff_s * 2**attempt)
+            in_window = now - first_failure + pause <= window_s
+            if not _retryable(err) or (attempt >= max_attempts and not in_window):
                 raise
             if on_retry is not None:
                 on_retry()
-            log.warning(
-                "%s request failed (%s); retry %d/%d on another replica",
-                what,
-                type(err).__name__,
-                attempt,
-                max_attempts - 1,
-            )
-            await asyncio.sleep(min(10 * backoff_s, backoff_s * 2**attempt))
-    raise AssertionError("unreachable")
+            if attempt < max_attempts or attempt % 10 == 0:  # in the window: one line every 10 tries
+                log.warning(
+                    "%s request failed (%s); retry %d on another replica (%d tries, or %.0f s from the first "
+                    "failure: rollout.max_attempts, rollout.retry_window_s)",
+                    what,
+                    type(err).__name__,
+                    attempt,
+                    max_attempts,
+                    window_s,
+                )
+            await asyncio.sleep(pause)
 
 
 class RolloutClient:
     """Generate on the ``app_name`` Serve app (or on ``handle``, any object with the app's
     ``generate.remote`` and ``weight_version.remote``); ``chunk`` prompts per request; weights are
     pushed through ``channel``, the one the app was deployed with (None: no pushes). A
-    request that fails with a replica error is retried up to ``max_attempts`` times, after
-    ``backoff_s`` doubling per attempt (capped at 10x); each try is bounded by ``timeout_s``."""
+    request that fails with a replica error is retried (``with_retries``: ``max_attempts`` tries,
+    and on for ``retry_window_s`` from its first failure); each try is bounded by ``timeout_s``."""
 
     def __init__(
         self,
@@ -81,6 +97,7 @@ class RolloutClient:
         handle: Any = None,
         backoff_s: float = 0.2,
         timeout_s: float | None = None,
+        retry_window_s: float = 0.0,
     ) -> None:
         if handle is None:
             from ray import serve
@@ -89,16 +106,39 @@ class RolloutClient:
         self.handle, self.app_name = handle, app_name
         self.channel = channel
         self.max_attempts, self.chunk, self.backoff_s, self.timeout_s = max_attempts, chunk, backoff_s, timeout_s
+        self.retry_window_s = retry_window_s
         self.retries = 0
 
-    async def _one(self, prompts: list[list[int]], n: int, sampling: dict) -> list[dict]:
+    @classmethod
+    def of(
+        cls, app_name: str, channel: WeightChannel | None, cfg: RolloutConfig, chunk: int = 1, handle: Any = None
+    ) -> RolloutClient:
+        """A client with the rollout section's retry and timeout settings."""
+        return cls(
+            app_name,
+            channel,
+            cfg.max_attempts,
+            chunk=chunk,
+            handle=handle,
+            timeout_s=cfg.request_timeout_s,
+            retry_window_s=cfg.retry_window_s,
+        )
+
+    async def retried(
+        self,
+        call: Callable[[], Awaitable[T]],
+        what: str,
+        timeout_s: float | None,
+        on_retry: Callable[[], None] | None = None,
+    ) -> T:
+        """``call`` under this client's retry settings (also the reward app's calls beside the rollouts)."""
         return await with_retries(
-            lambda: self.handle.generate.remote(prompts, n, sampling),
-            "rollout",
-            self.max_attempts,
-            self.backoff_s,
-            self._count_retry,
-            self.timeout_s,
+            call, what, self.max_attempts, self.backoff_s, on_retry, timeout_s, self.retry_window_s
+        )
+
+    async def _one(self, prompts: list[list[int]], n: int, sampling: dict) -> list[dict]:
+        return await self.retried(
+            lambda: self.handle.generate.remote(prompts, n, sampling), "rollout", self.timeout_s, self._count_retry
         )
 
     def _count_retry(self) -> None:

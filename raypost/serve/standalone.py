@@ -20,5 +20,8 @@ def serve_forever(app: serve.Application, name: str, host: str, port: int, route
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
+        from raypost.serve.sessions import drop_book
+
+        drop_book(name)  # a rollout app's recorded sessions (a detached actor), if any
         serve.shutdown()
         ray.shutdown()

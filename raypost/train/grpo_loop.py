@@ -116,9 +116,7 @@ def _producer(
         G.dynamic_sampling(cfg.algo),
         version=state.weight_version,
     )
-    client = RolloutClient(
-        lc.apps["rollout"], lc.channel, cfg.rollout.max_attempts, chunk=1, timeout_s=cfg.rollout.request_timeout_s
-    )
+    client = RolloutClient.of(lc.apps["rollout"], lc.channel, cfg.rollout)
     reward = serve.get_app_handle(lc.apps["reward"])
     rollout = None
     if cfg.agent.env is not None:

@@ -84,9 +84,7 @@ def _controller(cfg: DistillConfig, state: checkpointing.ControllerState, lc: Lo
     return {
         "rows": rows,
         "teacher": serve.get_app_handle(lc.apps["teacher"]),
-        "student": RolloutClient(
-            lc.apps["student"], lc.channel, cfg.rollout.max_attempts, timeout_s=cfg.rollout.request_timeout_s
-        ),
+        "student": RolloutClient.of(lc.apps["student"], lc.channel, cfg.rollout),
     }
 
 

@@ -143,6 +143,55 @@ def test_chat_completions_round_trip_a_tool_call_through_the_openai_client(rollo
     assert client.chat.completions.create(messages=messages[:1], **kw).choices[0].finish_reason == "tool_calls"
 
 
+def test_an_external_harness_session_is_recorded_as_the_episode_it_sampled(rollout, serve_url, turn_model):
+    """Two turns through the OpenAI client with a session_id, ended with a reward: the episode
+    handed out holds the replica's own ids and log-probs, the observation's tokens masked out."""
+    import openai
+
+    from raypost.models.hf import load_tokenizer
+    from raypost.serve.sessions import drop_book
+
+    base, auth = f"{serve_url}/agent-rollout/v1", {"Authorization": f"Bearer {TOKEN}"}
+    client = openai.OpenAI(base_url=base, api_key=TOKEN, max_retries=0, timeout=60)
+    kw = {"model": "policy", "temperature": 0.0, "max_tokens": 96, "logprobs": True}
+    messages = [{"role": "user", "content": "Ava has 3 pens. How many pens does Ava have?"}]
+    try:
+        first = client.chat.completions.create(messages=messages, extra_body={"session_id": "h-1"}, **kw).choices[0]
+        [call] = first.message.tool_calls
+        messages += [first.message.model_dump(exclude_none=True)]
+        messages += [{"role": "tool", "tool_call_id": call.id, "content": OBS[0]["content"]}]
+        second = client.chat.completions.create(messages=messages, extra_body={"session_id": "h-1"}, **kw).choices[0]
+        ended = requests.post(f"{base}/sessions/h-1/end", json={"reward": 1.0, "group": "q7"}, headers=auth, timeout=30)
+        assert ended.status_code == 200 and ended.json()["turns"] == 2, ended.text
+        got = requests.get(f"{base}/sessions/episodes", params={"take": 5}, headers=auth, timeout=30).json()
+        [ep] = got["episodes"]
+        a, b = first.model_extra["token_ids"], second.model_extra["token_ids"]
+        obs = observation_ids(load_tokenizer(turn_model), OBS)
+        assert ep["prompt_ids"] == prompt_ids(load_tokenizer(turn_model), messages[:1])
+        assert ep["ids"] == a + obs + b and ep["mask"] == [1] * len(a) + [0] * len(obs) + [1] * len(b)
+        want = (
+            [t.logprob for t in first.logprobs.content]
+            + [0.0] * len(obs)
+            + [t.logprob for t in second.logprobs.content]
+        )
+        assert ep["logprobs"] == pytest.approx(want) and (ep["reward"], ep["group"]) == (1.0, "q7")
+        get = requests.get(f"{base}/sessions/episodes", headers=auth, timeout=30)
+        assert get.json() == {"episodes": []}  # handed out once
+        # an unknown session, a bad reward, no token: 4xx, and the app serves on
+        assert (
+            requests.post(f"{base}/sessions/h-1/end", json={"reward": 1}, headers=auth, timeout=30).status_code == 404
+        )
+        assert (
+            requests.post(f"{base}/sessions/h-2/end", json={"reward": "x"}, headers=auth, timeout=30).status_code == 422
+        )
+        assert requests.get(f"{base}/sessions/episodes", timeout=30).status_code == 401
+        assert (
+            requests.get(f"{base}/sessions/episodes", params={"take": 0}, headers=auth, timeout=30).status_code == 422
+        )
+    finally:
+        drop_book("agent-rollout")
+
+
 def test_tool_faults_stay_inside_the_episode_on_an_actor(ray_cluster):
     pool = EnvPool("tests.agent_envs:faulty_tools", {"tool_timeout_s": 1.0}, 1, 0.01, timeout_s=30)
     try:

@@ -267,3 +267,35 @@ def test_a_load_that_breaks_midway_is_redone_from_the_fallback_and_the_replica_s
         assert [c.fetches for c in (primary, fallback)] == [2, 2]  # the primary, when it holds the version
 
     asyncio.run(run())
+
+
+@pytest.mark.timeout(30)
+def test_a_replica_whose_engine_died_leaves_at_once_and_callers_retry_elsewhere():
+    """A request fails and the engine is dead: the replica's process exits (Serve replaces it at
+    its next probe, not after 3 failed health checks); until then it refuses with an error that
+    callers retry on another replica. A request that fails on a live engine evicts nothing."""
+    from raypost.serve.rollout_client import _retryable
+
+    async def run() -> None:
+        server = replica(None)
+        exits: list[int] = []
+        server._exit = exits.append
+
+        async def dies(prompt: list[int], n: int) -> list[dict[str, Any]]:
+            raise RuntimeError("EngineCore encountered an issue")
+
+        server.engine.sample = dies
+        with pytest.raises(RuntimeError, match="EngineCore"):
+            await server.generate([[1]], 1)
+        await asyncio.sleep(0.3)
+        assert exits == [] and server._broken is None  # a live engine: one failed request, no eviction
+        server.engine.errored = True
+        with pytest.raises(RuntimeError, match="EngineCore"):
+            await server.generate([[1]], 1)
+        await asyncio.sleep(0.3)
+        assert exits == [1]
+        with pytest.raises(RuntimeError, match="vLLM engine died") as refused:
+            await server.generate([[1]], 1)
+        assert _retryable(refused.value)
+
+    asyncio.run(run())
