@@ -27,7 +27,7 @@ from typing import Any
 from fastapi import HTTPException
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from raypost.agents.episode import Episode
+from raypost.rl.episode import Episode
 from raypost.serve.chat_api import SESSION_ID
 
 
