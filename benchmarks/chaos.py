@@ -17,6 +17,9 @@ Drills:
             replica answers (rollout.retry_window_s, 300 s), and training goes on.
   engine    the same job; the vLLM engine process inside its live replica is SIGKILLed. The
             replica leaves at its first failed request, Serve replaces it, requests are retried.
+  hang      the same job with rollout.request_timeout_s 60; the engine inside its replica is
+            stopped (SIGSTOP). The request times out and is retried, the replica fails its health
+            check once a request has run past the timeout, and Serve replaces it.
   worker    a GRPO job with run.max_failures 1; a Ray Train worker is SIGKILLed between two
             checkpoints. The worker group restarts from the checkpoint (step, data cursor,
             weight version) and the logs are rewound to it.
@@ -55,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.chaos_grpo import engine_drill, replica_drill, resubmit_drill, scale_drill, worker_drill
+from benchmarks.chaos_grpo import engine_drill, hang_drill, replica_drill, resubmit_drill, scale_drill, worker_drill
 from benchmarks.common import OUT, ROOT, table
 from raypost.utils.local_head import LocalHead, free_port
 from raypost.utils.local_redis import LocalRedis
@@ -199,6 +202,7 @@ DRILLS = {
     "head": lambda a: head_drill(),
     "replica": lambda a: replica_drill(a.root, a.eta),
     "engine": lambda a: engine_drill(a.root, a.eta),
+    "hang": lambda a: hang_drill(a.root, a.eta),
     "worker": lambda a: worker_drill(a.root, a.eta),
     "resubmit": lambda a: resubmit_drill(a.root, a.eta),
     "resubmit-fresh": lambda a: resubmit_drill(a.root, a.eta, True),

@@ -150,10 +150,18 @@ def _auth_env(head: LocalHead) -> None:
 
 
 def _kill_drill(
-    fault: str, class_prefix: str, extra: list[str], at_step: int, root: Path, eta: int, child: str | None = None
+    fault: str,
+    class_prefix: str,
+    extra: list[str],
+    at_step: int,
+    root: Path,
+    eta: int,
+    child: str | None = None,
+    sig: int = signal.SIGKILL,
 ) -> dict[str, Any]:
-    """SIGKILL one actor of ``class_prefix`` once the job has trained ``at_step`` steps (or, with
-    ``child``, its child process of that title: the vLLM engine inside a live replica)."""
+    """Send ``sig`` (SIGKILL; SIGSTOP: a hang) to one actor of ``class_prefix`` once the job has
+    trained ``at_step`` steps (or, with ``child``, to its child process of that title: the vLLM
+    engine inside a live replica)."""
     with LocalHead(num_cpus=4) as head:
         _auth_env(head)
         job = GRPOJob(head, root, re.sub(r"\W+", "-", fault), 8, [*extra, *eta_args(eta)])
@@ -165,7 +173,7 @@ def _kill_drill(
         if not victims:
             raise RuntimeError(f"no live ray::{class_prefix}* process under this head")
         job.wait_step(at_step, job_id)
-        os.kill(victims[0], signal.SIGKILL)  # the injected fault
+        os.kill(victims[0], sig)  # the injected fault
         t_fault = time.time()
         step_at_fault = max(r["step"] for r in job.steps_done())
         status, logs = job.wait_done(job_id)
@@ -177,11 +185,25 @@ def replica_drill(root: Path, eta: int) -> dict[str, Any]:
     return _kill_drill("rollout replica kill", "ServeReplica:{run}-rollout", [], 2, root, eta)
 
 
+ENGINE = "VLLM::EngineCore"  # the title of a vLLM engine's process, a child of its replica
+
+
 def engine_drill(root: Path, eta: int) -> dict[str, Any]:
     # The replica lives on with a dead engine: it leaves at the first failed request, Serve replaces it.
-    return _kill_drill(
-        "vLLM engine kill in a live replica", "ServeReplica:{run}-rollout", [], 2, root, eta, "VLLM::EngineCore"
+    return _kill_drill("vLLM engine kill in a live replica", "ServeReplica:{run}-rollout", [], 2, root, eta, ENGINE)
+
+
+HANG_TIMEOUT_S = 60  # rollout.request_timeout_s of the hang drill (900 s by default)
+
+
+def hang_drill(root: Path, eta: int) -> dict[str, Any]:
+    # The engine inside the only replica stops (SIGSTOP): its request times out and is retried; the
+    # replica fails its health check once a request is past the timeout, and Serve replaces it.
+    extra = ["--rollout.request_timeout_s", str(HANG_TIMEOUT_S)]
+    out = _kill_drill(
+        "vLLM engine hang in a live replica", "ServeReplica:{run}-rollout", extra, 2, root, eta, ENGINE, signal.SIGSTOP
     )
+    return {**out, "request_timeout_s": HANG_TIMEOUT_S}
 
 
 def _children(pids: list[int], title: str) -> list[int]:

@@ -151,3 +151,20 @@ def chat_response(model: str, ids: list[int], group: dict[str, Any], tok: Any, w
         "prompt_token_ids": ids,
         "weight_version": group["version"],
     }
+
+
+def completion_response(model: str, ids: list[int], group: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAI text completion of one replica answer (n choices), with the weight version."""
+    choices = [
+        {"index": i, "text": c["text"], "finish_reason": c["finish_reason"], "logprobs": None}
+        for i, c in enumerate(group["completions"])
+    ]
+    used = sum(len(c["token_ids"]) for c in group["completions"])
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "model": model,
+        "choices": choices,
+        "usage": {"prompt_tokens": len(ids), "completion_tokens": used, "total_tokens": len(ids) + used},
+        "weight_version": group["version"],
+    }

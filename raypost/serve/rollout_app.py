@@ -39,6 +39,7 @@ from raypost.serve.chat_api import (
     ReplicaBrokenError,
     Sampling,
     chat_response,
+    completion_response,
     template_messages,
 )
 from raypost.serve.engine_env import cpu_engine_env, prefill_args, replica_name
@@ -84,6 +85,7 @@ class RolloutServer:
         self.model_path = model_path
         self.version = 0
         self._inflight = 0
+        self._started: dict[str, float] = {}  # in-flight requests' start times
         self._lock = asyncio.Lock()
 
     async def _ensure_latest(self) -> None:
@@ -184,8 +186,10 @@ class RolloutServer:
         """n completions for each prompt, all generated with one weight version."""
         s = Sampling.model_validate(sampling or {})
         await self._ensure_latest()
+        key = uuid.uuid4().hex
         async with self._lock:
             self._inflight += 1
+            self._started[key] = time.monotonic()
             version = self.version
         try:
             groups = await asyncio.gather(*[self._sample(p, n, s) for p in prompt_ids])
@@ -194,6 +198,7 @@ class RolloutServer:
             raise
         finally:
             self._inflight -= 1
+            del self._started[key]
         return [{"completions": g, "version": version} for g in groups]
 
     _exit = staticmethod(os._exit)
@@ -278,19 +283,7 @@ class RolloutServer:
             [group] = await self.generate([ids], req.n, sampling)
         except (ValueError, VLLMClientError) as err:  # vLLM's request validation (e.g. n > 1 with temperature 0)
             raise HTTPException(422, f"invalid sampling parameters: {err}") from None
-        choices = [
-            {"index": i, "text": c["text"], "finish_reason": c["finish_reason"], "logprobs": None}
-            for i, c in enumerate(group["completions"])
-        ]
-        used = sum(len(c["token_ids"]) for c in group["completions"])
-        return {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "model": self.model_path,
-            "choices": choices,
-            "usage": {"prompt_tokens": len(ids), "completion_tokens": used, "total_tokens": len(ids) + used},
-            "weight_version": group["version"],
-        }
+        return completion_response(self.model_path, ids, group)
 
     @api.post("/v1/chat/completions")
     async def chat(self, req: ChatRequest, authorization: Annotated[str | None, Header()] = None) -> dict[str, Any]:
@@ -348,6 +341,9 @@ class RolloutServer:
             raise RuntimeError("the vLLM engine of this replica is dead")
         if self._broken:
             raise RuntimeError(f"this replica is stuck: {self._broken}")
+        oldest = min(self._started.values(), default=time.monotonic())
+        if time.monotonic() - oldest > self.cfg.request_timeout_s:  # its engine hangs: Serve replaces it
+            raise RuntimeError(f"a request has run {time.monotonic() - oldest:.0f} s, past rollout.request_timeout_s")
 
     @api.get("/health")
     async def health(self, authorization: Annotated[str | None, Header()] = None) -> dict[str, Any]:

@@ -84,13 +84,19 @@ class FakeChannel:
 
 
 def replica(
-    channel: FakeChannel | FallbackChannel | None, gen_s: float = 0.05, drain_s: float = 30.0, weight_s: float = 30.0
+    channel: FakeChannel | FallbackChannel | None,
+    gen_s: float = 0.05,
+    drain_s: float = 30.0,
+    weight_s: float = 30.0,
+    request_s: float = 900.0,
 ) -> Any:
     """A RolloutServer built around the fakes, without its constructor (which starts vLLM)."""
     server = RolloutServer.func_or_class.__new__(RolloutServer.func_or_class)
     server.engine = FakeEngine(server, gen_s)
     server.channel, server.version, server._inflight, server._lock = channel, 0, 0, asyncio.Lock()
-    server.cfg, server._broken = SimpleNamespace(drain_timeout_s=drain_s, weight_timeout_s=weight_s), None
+    server._started = {}
+    server.cfg = SimpleNamespace(drain_timeout_s=drain_s, weight_timeout_s=weight_s, request_timeout_s=request_s)
+    server._broken = None
     if isinstance(channel, FakeChannel):
         channel.reload_deadline_s = weight_s
 
@@ -297,5 +303,26 @@ def test_a_replica_whose_engine_died_leaves_at_once_and_callers_retry_elsewhere(
         with pytest.raises(RuntimeError, match="vLLM engine died") as refused:
             await server.generate([[1]], 1)
         assert _retryable(refused.value)
+
+    asyncio.run(run())
+
+
+@pytest.mark.timeout(30)
+def test_a_request_past_its_timeout_fails_the_health_check_so_a_hung_engine_is_replaced():
+    """An engine that hangs (no new weights to drain for: a sync learner waits for this very
+    batch) fails the replica's health check once a request has run past
+    ``rollout.request_timeout_s``; a slow request that ends in time leaves it healthy."""
+
+    async def run() -> None:
+        server = replica(None, gen_s=0.6, request_s=0.3)
+        server.engine.errored = False
+        hung = asyncio.create_task(server.generate([[1]], 1))
+        await asyncio.sleep(0.1)
+        await server.check_health()  # 0.1 s in: healthy
+        await asyncio.sleep(0.35)
+        with pytest.raises(RuntimeError, match=r"past rollout.request_timeout_s"):
+            await server.check_health()
+        await hung
+        await server.check_health()  # it ended: nothing in flight, healthy again
 
     asyncio.run(run())
