@@ -229,17 +229,18 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--out", type=Path, default=OUT / "chaos.json")
     args = parser.parse_args(argv)
     base = args.root or Path(tempfile.mkdtemp(prefix="raypost-chaos-"))
-    results = []
+    results: list[dict[str, Any]] = []
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     for name in args.drills:
         for k in range(args.repeats):
             args.root = base / f"try{k}"  # a run folder per try: the same name would resume
             results.append({**DRILLS[name](args), "drill": name, "try": k})
             print(json.dumps(results[-1]), flush=True)
+            # after every run: a drill session cut short keeps what it measured
+            args.out.write_text(json.dumps({"runs": results, "worst": worst_by_drill(results)}, indent=1))
     rows = worst_by_drill(results)
     cols = ["drill", "tries", "survived", "steps_lost", "samples_duplicated", "prompts_lost", "recover_s"]
     print(table(f"worst of {args.repeats} runs per drill", cols, [[r.get(c) for c in cols] for r in rows]))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"runs": results, "worst": rows}, indent=1))
     return results
 
 
