@@ -234,7 +234,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     for name in args.drills:
         for k in range(args.repeats):
             args.root = base / f"try{k}"  # a run folder per try: the same name would resume
-            results.append({**DRILLS[name](args), "drill": name, "try": k})
+            try:
+                results.append({**DRILLS[name](args), "drill": name, "try": k})
+            except Exception as err:  # noqa: BLE001 - a drill that breaks is a failed run, and the rest go on
+                results.append({"drill": name, "try": k, "survived": False, "error": f"{type(err).__name__}: {err}"})
             print(json.dumps(results[-1]), flush=True)
             # after every run: a drill session cut short keeps what it measured
             args.out.write_text(json.dumps({"runs": results, "worst": worst_by_drill(results)}, indent=1))
