@@ -18,10 +18,12 @@ the prefix cache, and serves on. CPU replicas prefill whole prompts (``engine_en
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Header, HTTPException, Query
@@ -185,29 +187,33 @@ class RolloutServer:
     async def generate(self, prompt_ids: list[list[int]], n: int = 1, sampling: dict | None = None) -> list[dict]:
         """n completions for each prompt, all generated with one weight version."""
         s = Sampling.model_validate(sampling or {})
-        await self._ensure_latest()
-        key = uuid.uuid4().hex
-        async with self._lock:
-            self._inflight += 1
-            self._started[key] = time.monotonic()
-            version = self.version
-        try:
-            groups = await asyncio.gather(*[self._sample(p, n, s) for p in prompt_ids])
-        except Exception:
-            self._evict_if_dead()
-            raise
-        finally:
-            self._inflight -= 1
-            del self._started[key]
+        with self._leave_if_engine_dead():
+            await self._ensure_latest()  # a reload on a dead engine fails here
+            key = uuid.uuid4().hex
+            async with self._lock:
+                self._inflight += 1
+                self._started[key] = time.monotonic()
+                version = self.version
+            try:
+                groups = await asyncio.gather(*[self._sample(p, n, s) for p in prompt_ids])
+            finally:
+                self._inflight -= 1
+                del self._started[key]
         return [{"completions": g, "version": version} for g in groups]
 
     _exit = staticmethod(os._exit)
 
+    @contextlib.contextmanager
+    def _leave_if_engine_dead(self) -> Iterator[None]:
+        """A failure on a dead engine: the process leaves at once, Serve replaces it at its next probe
+        (not after 3 failed checks 10 s apart and a 20 s grace); callers retry (retry_window_s)."""
+        try:
+            yield
+        except Exception:
+            self._evict_if_dead()
+            raise
+
     def _evict_if_dead(self) -> None:
-        """A request failed: if the engine is dead, this replica's process leaves at once (Serve
-        replaces a replica whose actor died at its next probe; a failing health check needs 3 misses
-        10 s apart, and every request until then would fail). Callers retry on the new replica
-        (``rollout.retry_window_s``)."""
         if not self.engine.errored:
             return
         self._broken = self._broken or "its vLLM engine died"
@@ -218,12 +224,9 @@ class RolloutServer:
         """This model's log-prob of every token of ``seq[start:]`` given what precedes it (vLLM
         prompt log-probs; a teacher scoring a student's samples), and its top-k at each of
         those positions. One dict per sequence: logprobs [n], top_ids [n][k], top_logprobs [n][k]."""
-        await self._ensure_latest()
-        try:
+        with self._leave_if_engine_dead():
+            await self._ensure_latest()
             return list(await asyncio.gather(*[self._score(seq, s, top_k) for seq, s in zip(sequences, start)]))
-        except Exception:
-            self._evict_if_dead()
-            raise
 
     async def _score(self, seq: list[int], start: int, top_k: int) -> dict[str, Any]:
         from vllm import SamplingParams
@@ -338,6 +341,7 @@ class RolloutServer:
     async def check_health(self) -> None:
         """Serve's health probe: a dead engine fails it, so Serve replaces this replica."""
         if self.engine.errored:
+            self._evict_if_dead()  # no request needed: the probe finds it
             raise RuntimeError("the vLLM engine of this replica is dead")
         if self._broken:
             raise RuntimeError(f"this replica is stuck: {self._broken}")

@@ -303,6 +303,13 @@ def test_a_replica_whose_engine_died_leaves_at_once_and_callers_retry_elsewhere(
         with pytest.raises(RuntimeError, match="vLLM engine died") as refused:
             await server.generate([[1]], 1)
         assert _retryable(refused.value)
+        # No request at all: Serve's health probe finds the dead engine, and the replica leaves.
+        idle = replica(None)
+        idle._exit, idle.engine.errored = exits.append, True
+        with pytest.raises(RuntimeError, match="engine of this replica is dead"):
+            await idle.check_health()
+        await asyncio.sleep(0.3)
+        assert exits == [1, 1]
 
     asyncio.run(run())
 
