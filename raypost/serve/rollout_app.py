@@ -9,10 +9,9 @@ HTTP (the app on its own, ``raypost serve-rollout``; a run's rollout app has no 
 log-probs: ``chat_api``; sessions recorded as episodes: ``sessions``), ``GET /health``, behind a
 bearer token when set (``RAYPOST_ROLLOUT_TOKEN``); every field bounded before the engine sees it.
 
-Weights: before serving a request a replica asks its weight channel (``raypost.weights``, when
-the app was given one) for the newest version; when a different version is published it waits for
-its in-flight requests to finish (between requests, no interruption), reloads in place, resets
-the prefix cache, and serves on. CPU replicas prefill whole prompts (``engine_env.prefill_args``).
+Weights: before each request a replica asks its weight channel (``raypost.weights``) for the newest
+version; for a new one it waits for its requests in flight, reloads in place, resets the prefix
+cache, and serves on. CPU replicas prefill whole prompts (``engine_env.prefill_args``).
 """
 
 from __future__ import annotations
@@ -49,6 +48,7 @@ from raypost.serve.sessions import SessionEnd, book_call
 from raypost.weights import WeightChannel
 
 api = FastAPI(title="raypost rollout")
+DEAD = "its vLLM engine died"
 EXTENSION = "raypost.weights.vllm_ext.WeightReloadExtension"
 
 
@@ -214,9 +214,9 @@ class RolloutServer:
             raise
 
     def _evict_if_dead(self) -> None:
-        if not self.engine.errored:
+        if not self.engine.errored or self._broken == DEAD:  # alive, or already leaving
             return
-        self._broken = self._broken or "its vLLM engine died"
+        self._broken = DEAD
         logging.getLogger("raypost").error("rollout replica %s leaves: its vLLM engine died", replica_name())
         asyncio.get_running_loop().call_later(0.2, self._exit, 1)  # the failing request's error goes out first
 
