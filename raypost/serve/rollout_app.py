@@ -104,7 +104,8 @@ class RolloutServer:
             await self._drain()
             self._loading: int | str = "(not known yet: fetching)"
             try:
-                version = await asyncio.wait_for(self.channel.reload(self.version, self._load), self._reload_s)
+                deadline = self.channel.reload_deadline_s  # rollout.weight_timeout_s; more with a fallback
+                version = await asyncio.wait_for(self.channel.reload(self.version, self._load), deadline)
             except Exception as err:
                 why = "timed out (rollout.weight_timeout_s)" if isinstance(err, TimeoutError) else "failed"
                 if not isinstance(self._loading, int):  # the engine was not touched: the next request retries
@@ -131,11 +132,6 @@ class RolloutServer:
                 self._acked = self.version
         except Exception as err:  # noqa: BLE001 - bookkeeping only
             logging.getLogger("raypost").warning("could not acknowledge weight version %d: %s", self.version, err)
-
-    @property
-    def _reload_s(self) -> float:
-        """The deadline of a reload: the channel's (rollout.weight_timeout_s; more with a fallback)."""
-        return self.channel.reload_deadline_s
 
     async def _load(self, version: int, source: dict[str, Any]) -> None:
         """Load ``source`` (a channel's ``fetch``) into the engine's workers as ``version``."""
@@ -187,17 +183,19 @@ class RolloutServer:
     async def generate(self, prompt_ids: list[list[int]], n: int = 1, sampling: dict | None = None) -> list[dict]:
         """n completions for each prompt, all generated with one weight version."""
         s = Sampling.model_validate(sampling or {})
+        key = uuid.uuid4().hex
+        self._started[key] = time.monotonic()  # from arrival: a reload that hangs holds it too
         with self._leave_if_engine_dead():
-            await self._ensure_latest()  # a reload on a dead engine fails here
-            key = uuid.uuid4().hex
-            async with self._lock:
-                self._inflight += 1
-                self._started[key] = time.monotonic()
-                version = self.version
             try:
-                groups = await asyncio.gather(*[self._sample(p, n, s) for p in prompt_ids])
+                await self._ensure_latest()  # a reload on a dead engine fails here
+                async with self._lock:
+                    self._inflight += 1
+                    version = self.version
+                try:
+                    groups = await asyncio.gather(*[self._sample(p, n, s) for p in prompt_ids])
+                finally:
+                    self._inflight -= 1
             finally:
-                self._inflight -= 1
                 del self._started[key]
         return [{"completions": g, "version": version} for g in groups]
 

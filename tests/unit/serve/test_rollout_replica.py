@@ -333,3 +333,25 @@ def test_a_request_past_its_timeout_fails_the_health_check_so_a_hung_engine_is_r
         await server.check_health()  # it ended: nothing in flight, healthy again
 
     asyncio.run(run())
+
+
+@pytest.mark.timeout(30)
+def test_a_request_held_by_a_reload_that_hangs_counts_from_its_arrival():
+    """A reload that hangs (the engine stopped under it) holds the requests that asked for the new
+    version: their age counts from arrival, so the health check fails past the request timeout
+    long before the weight timeout (600 s by default) would."""
+
+    async def run() -> None:
+        chan = FakeChannel()
+        chan.board, chan.published = True, 1
+        server = replica(chan, request_s=0.3, weight_s=30.0)
+        server.engine.load_s = 0.8  # the load that hangs
+        waiting = asyncio.create_task(server.generate([[1]], 1))
+        await asyncio.sleep(0.45)
+        assert server._inflight == 0  # still in the reload, not yet generating
+        with pytest.raises(RuntimeError, match=r"past rollout.request_timeout_s"):
+            await server.check_health()
+        await waiting
+        await server.check_health()
+
+    asyncio.run(run())
