@@ -124,7 +124,7 @@ class LocalHead:
             str(self.side_ports[1]),
         ]
 
-    def start(self, timeout: float = 120.0, attempts: int = 3) -> LocalHead:
+    def start(self, timeout: float = 300.0, attempts: int = 3) -> LocalHead:
         """``ray start``, within ``timeout`` seconds. A port of this head's own picking that another
         process took before ``ray start`` bound it (another cluster starting on this machine at the
         same moment: seen in CI, the dashboard's port) is picked again, up to ``attempts`` times."""
@@ -161,7 +161,7 @@ class LocalHead:
         self.stop()
         raise TimeoutError(f"Ray head did not come up in {timeout:.0f} s; see {log}")
 
-    def add_node(self, num_cpus: int, resources: dict[str, float] | None = None, timeout: float = 120.0) -> str:
+    def add_node(self, num_cpus: int, resources: dict[str, float] | None = None, timeout: float = 300.0) -> str:
         """Start another raylet on this machine that joins this head (``raypost.utils.local_node``)
         with ``resources`` as its custom resources: a second node, with its own node id, for
         placement tests. Returns its node id; ``stop()`` stops it before the head."""
