@@ -43,7 +43,8 @@ redis:
 # TEST_WORKERS pytest-xdist workers, each with its own Ray cluster. A module's tests stay on one
 # worker (they share module fixtures); conftest.py sends the modules with end-to-end runs first.
 # Much of an end-to-end test is waiting (process and replica start-up, polls), so two workers
-# overlap it on two cores. TEST_WORKERS=0 runs everything in one process.
+# overlap it on two cores. TEST_WORKERS=0 runs everything in one process. One line per test
+# (-v): a run cut short still shows which tests it had finished and on which worker.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 # ruff: the lint rules and the formatter of pyproject.toml (`ruff format .` fixes the format).
@@ -52,7 +53,7 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 
 test: setup redis lint
-	$(PY) -m pytest tests -q -p no:cacheprovider $(XDIST) $(PYTEST_ARGS)
+	$(PY) -m pytest tests -v -p no:cacheprovider $(XDIST) $(PYTEST_ARGS)
 
 # tests/unit only: pure logic and fakes, no Ray cluster, about a minute.
 test-unit: setup

@@ -20,7 +20,7 @@ Drills:
   hang      the same job with rollout.request_timeout_s 60; the engine inside its replica is
             stopped (SIGSTOP). The request times out and is retried, the replica fails its health
             check once a request has run past the timeout, and Serve replaces it.
-  worker    a GRPO job with run.max_failures 1; a Ray Train worker is SIGKILLed between two
+  worker    a GRPO job (run.max_failures 3, the default); a Ray Train worker is SIGKILLed between two
             checkpoints. The worker group restarts from the checkpoint (step, data cursor,
             weight version) and the logs are rewound to it.
   resubmit  a GRPO job on a head with GCS fault tolerance, beside a detached reward app deployed
@@ -34,12 +34,19 @@ Drills:
             on storage.
   scale     a GRPO job with rollout autoscaling (1..2); `python -m raypost.serve.scaling
             --replicas 2`, then `--replicas 1`, while it trains.
+  torn      a GRPO job stopped mid-run; a torn last line (an append cut short) is left in both of
+            its records; the same command again drops them, says so, and resumes.
+  disk      a GRPO job whose run folder is on a small tmpfs (needs root), filled up after its first
+            checkpoint: it must fail naming the full disk, not hang; with the space freed, the same
+            command resumes from the last whole checkpoint.
+  gcs-job   a GRPO job on a head with GCS fault tolerance; only the GCS is down for --outage-s
+            seconds, then restarted; the job must finish with nothing lost.
 For the GRPO drills, a row reports steps lost (trained, then discarded by the restore), samples
 duplicated (from trained_samples.jsonl: each step trains prompts_per_step x group_size samples,
 all distinct), prompts lost (the first steps x prompts_per_step prompt ids of the order the run
 recorded when it started, minus the ones it trained: a set difference, not a count) and the time
 from the fault to the next trained step. The GRPO jobs run examples/grpo_smoke.yaml at the shipped
-defaults except what a drill needs (the worker drill opts into run.max_failures 1). Each drill runs
+defaults except what a drill needs (checkpoint_every, the hang drill's timeout). Each drill runs
 --repeats times (3 by default), each in its own run folder; the table shows the worst run.
 """
 
@@ -59,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.chaos_grpo import engine_drill, hang_drill, replica_drill, resubmit_drill, scale_drill, worker_drill
+from benchmarks.chaos_store import disk_drill, gcs_job_drill, torn_drill
 from benchmarks.common import OUT, ROOT, table
 from raypost.utils.local_head import LocalHead, free_port
 from raypost.utils.local_redis import LocalRedis
@@ -207,6 +215,9 @@ DRILLS = {
     "resubmit": lambda a: resubmit_drill(a.root, a.eta),
     "resubmit-fresh": lambda a: resubmit_drill(a.root, a.eta, True),
     "scale": lambda a: scale_drill(a.root, a.eta, a.scale_steps),
+    "torn": lambda a: torn_drill(a.root, a.eta),
+    "disk": lambda a: disk_drill(a.root, a.eta),
+    "gcs-job": lambda a: gcs_job_drill(a.root, a.eta, a.outage_s),
 }
 
 

@@ -305,7 +305,13 @@ class RunConfig(StrictModel):
     log_every: int = Field(10, ge=1, le=100_000, description="Steps between progress lines.")
     checkpoint_every: int = Field(50, ge=1, le=1_000_000, description="Steps between checkpoints.")
     keep_checkpoints: int = Field(2, ge=1, le=1000, description="Checkpoints kept on storage.")
-    max_failures: int = Field(0, ge=-1, le=1000, description="Worker-group restarts allowed (-1: unlimited).")
+    max_failures: int = Field(
+        3,
+        ge=-1,
+        le=1000,
+        description="Worker-group restarts allowed (-1: unlimited): a learner worker that dies (its node lost, "
+        "killed for memory) restarts the group from the last checkpoint. 0: the first death ends the run.",
+    )
     wandb_mode: Literal["offline", "online", "disabled"] = Field(
         "offline", description="wandb mode; offline by default."
     )

@@ -19,3 +19,21 @@ def test_the_worst_run_of_each_drill_is_its_row():
         {"drill": "gcs", "tries": 2, "survived": False},
     ]
     assert worst_by_drill(runs[:2])[0]["survived"] and worst_by_drill(runs[3:4])[0]["survived"]
+
+
+def test_a_record_left_torn_or_holding_the_injected_row_is_not_clean(tmp_path):
+    """The torn and disk drills call a run survived only if its records came out whole: every
+    line parses and the injected row is gone."""
+    from benchmarks.chaos_grpo import GRPOJob
+    from benchmarks.chaos_store import TORN, _records_clean
+
+    job = GRPOJob(head=None, root=tmp_path, name="r", steps=2)  # type: ignore[arg-type]
+    job.run.mkdir()
+    for name in ("trained_samples.jsonl", "metrics.jsonl"):
+        (job.run / name).write_text('{"phase": "grpo", "step": 1, "ids": ["a#0"]}\n')
+    assert _records_clean(job)
+    with (job.run / "metrics.jsonl").open("a") as fh:
+        fh.write(TORN)
+    assert not _records_clean(job)
+    (job.run / "metrics.jsonl").write_text(TORN + '"]}\n')  # parses, but is the injected step 999
+    assert not _records_clean(job)
