@@ -132,6 +132,7 @@ def disk_drill(root: Path, eta: int, size_mb: int = 512) -> dict[str, Any]:
         "first_failed_s": round(fail_s, 1),
         "survived": status2 == "SUCCEEDED" and clean,
         **audit,
+        **({} if status2 == "SUCCEEDED" else {"resumed_log_tail": logs[-3000:]}),
     }
 
 

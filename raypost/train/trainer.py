@@ -13,6 +13,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 
 from raypost.config import ResourcesConfig, RunConfig
 from raypost.train.loop import LoopConfig
+from raypost.train.snapshot import SnapshotKeeper, restore_snapshot
 from raypost.utils import storage
 from raypost.utils.alloc import jemalloc_env
 
@@ -72,6 +73,9 @@ def fit(
 
         callbacks.append(TuneReportCallback())
     root = storage.working_copy(run.storage_path)
+    if storage.remote_of(root) is None:  # a bucket's put is whole or absent: only files can be torn
+        restore_snapshot(root / (name or run.name))
+        callbacks.append(SnapshotKeeper(str(root / (name or run.name))))
     opts = ray.train.DataConfig.default_ingest_options()
     opts.preserve_order = True
     trainer = TorchTrainer(
