@@ -1,6 +1,7 @@
 """A run whose Ray Train snapshot was torn (emptied by a full disk while Ray Train rewrote it)
 resumes from its last checkpoint, on a real Ray Train worker group: before the last good copy,
-every restart failed in Ray Train's CheckpointManager (found by the chaos `disk` drill)."""
+every restart failed in Ray Train's CheckpointManager (found by the chaos `disk` drill). A run
+whose first snapshot was the one torn starts over."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def test_a_torn_run_snapshot_resumes_from_the_last_checkpoint(ray_cluster, tmp_p
     import json
 
     from raypost.train.loop import LoopConfig
-    from raypost.train.snapshot import LAST_GOOD, SNAPSHOT
+    from raypost.train.snapshot import SLOTS, SNAPSHOT
     from raypost.train.trainer import fit
 
     res = ResourcesConfig(num_workers=1, cpus_per_worker=0.5)
@@ -42,9 +43,28 @@ def test_a_torn_run_snapshot_resumes_from_the_last_checkpoint(ray_cluster, tmp_p
     loop = LoopConfig(cfg={}, model_path="unused", run_dir=str(tmp_path), total_steps=2)
     assert fit(_counting_loop, loop, res, run, {}).error is None
     snap = tmp_path / "torn" / SNAPSHOT
-    assert json.loads((tmp_path / "torn" / LAST_GOOD).read_text()) == json.loads(snap.read_text())
+    copies = [json.loads((tmp_path / "torn" / s).read_text()) for s in SLOTS]
+    assert json.loads(max(copies, key=lambda c: c["seq"])["snapshot"]) == json.loads(snap.read_text())
     snap.write_text("")  # what Ray Train's in-place rewrite leaves when the disk is full
     result = fit(_counting_loop, loop, res, run, {})
     assert result.error is None and result.metrics["step"] == 4
     starts = [json.loads(x)["start"] for x in (tmp_path / "starts.jsonl").read_text().splitlines()]
     assert starts == [0, 2]
+
+
+def test_a_run_whose_first_snapshot_was_torn_starts_over(ray_cluster, tmp_path):
+    import json
+
+    from raypost.train.loop import LoopConfig
+    from raypost.train.snapshot import SNAPSHOT, TORN
+    from raypost.train.trainer import fit
+
+    res = ResourcesConfig(num_workers=1, cpus_per_worker=0.5)
+    run = RunConfig(storage_path=str(tmp_path), name="torn-first")
+    (tmp_path / "torn-first").mkdir()
+    (tmp_path / "torn-first" / SNAPSHOT).write_text('{"checkpoint_res')  # no checkpoint ever recorded whole
+    loop = LoopConfig(cfg={}, model_path="unused", run_dir=str(tmp_path), total_steps=2)
+    result = fit(_counting_loop, loop, res, run, {})
+    assert result.error is None and result.metrics["step"] == 2
+    assert [json.loads(x)["start"] for x in (tmp_path / "starts.jsonl").read_text().splitlines()] == [0]
+    assert (tmp_path / "torn-first" / TORN).exists()
