@@ -41,6 +41,10 @@ Drills:
             command resumes from the last whole checkpoint.
   gcs-job   a GRPO job on a head with GCS fault tolerance; only the GCS is down for --outage-s
             seconds, then restarted; the job must finish with nothing lost.
+  push-shm, push-object-store, push-collective   a GRPO job on that weight transport; its only
+            rollout replica is SIGKILLed the moment the run's weight board shows a version
+            published that the replica has not acknowledged (benchmarks/chaos_push.py). The
+            replacement must serve the pushed weights (the learner/replica log-prob ratio stays 1).
 For the GRPO drills, a row reports steps lost (trained, then discarded by the restore), samples
 duplicated (from trained_samples.jsonl: each step trains prompts_per_step x group_size samples,
 all distinct), prompts lost (the first steps x prompts_per_step prompt ids of the order the run
@@ -66,6 +70,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.chaos_grpo import engine_drill, hang_drill, replica_drill, resubmit_drill, scale_drill, worker_drill
+from benchmarks.chaos_push import TRANSPORTS as PUSH_TRANSPORTS
+from benchmarks.chaos_push import push_drill
 from benchmarks.chaos_store import disk_drill, gcs_job_drill, torn_drill
 from benchmarks.common import OUT, ROOT, table
 from raypost.utils.local_head import LocalHead, free_port
@@ -218,6 +224,7 @@ DRILLS = {
     "torn": lambda a: torn_drill(a.root, a.eta),
     "disk": lambda a: disk_drill(a.root, a.eta),
     "gcs-job": lambda a: gcs_job_drill(a.root, a.eta, a.outage_s),
+    **{f"push-{t}".replace("_", "-"): (lambda a, t=t: push_drill(a.root, a.eta, t)) for t in PUSH_TRANSPORTS},
 }
 
 
@@ -258,7 +265,15 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     return results
 
 
-WORST_MAX = ("steps_lost", "samples_duplicated", "prompts_lost", "prompts_unexpected", "recover_s", "rollout_retries")
+WORST_MAX = (
+    "steps_lost",
+    "samples_duplicated",
+    "prompts_lost",
+    "prompts_unexpected",
+    "recover_s",
+    "rollout_retries",
+    "behav_ratio_dev_max",
+)
 
 
 def worst_by_drill(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -272,6 +287,8 @@ def worst_by_drill(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             values = [r[key] for r in runs if r.get(key) is not None]
             if values:
                 row[key] = max(values)
+        if any("landed_in_push" in r for r in runs):
+            row["landed_in_push"] = sum(bool(r.get("landed_in_push")) for r in runs)
         if name == "gcs":
             row["survived"] = all(r["answered_during_outage"] == r["sent_during_outage"] for r in runs)
         out.append(row)

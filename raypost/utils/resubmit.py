@@ -47,14 +47,49 @@ def auth_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-def _client(address: str, wait_s: float) -> Any:
-    """A JobSubmissionClient, once the job server answers (waits up to ``wait_s``)."""
-    from ray.job_submission import JobSubmissionClient
+class JobServer:
+    """Ray's job server, as the wrapper asks it: submit, a job's status, and whether the node its
+    driver runs on is alive. A head that crashed takes its job's driver with it, but the restarted
+    head's job server may report that job RUNNING for good (Ray 2.60: the record is only failed by a
+    job manager, which a job agent creates at its first submission), so a RUNNING status alone
+    does not say that the job lives."""
 
+    def __init__(self, address: str) -> None:
+        from ray.job_submission import JobSubmissionClient
+
+        self.address = address.rstrip("/")
+        self.client = JobSubmissionClient(address, headers=auth_headers())
+
+    def submit_job(self, entrypoint: str, runtime_env: dict[str, Any] | None = None) -> str:
+        return self.client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env)
+
+    def get_job_status(self, job_id: str) -> Any:
+        return self.client.get_job_status(job_id)
+
+    def driver_alive(self, job_id: str) -> bool:
+        """False only when the job's driver ran on a node the cluster holds DEAD (the state API's
+        node list); True while that is not known (no driver yet, a node list that did not answer)."""
+        import json
+        import urllib.request
+
+        node = self.client.get_job_info(job_id).driver_node_id
+        if not node:
+            return True
+        url = f"{self.address}/api/v0/nodes?limit=10000&detail=false"
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=auth_headers()), timeout=30) as resp:
+                nodes = json.loads(resp.read())["data"]["result"]["result"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return True
+        return not any(n.get("node_id") == node and n.get("state") == "DEAD" for n in nodes)
+
+
+def _client(address: str, wait_s: float) -> JobServer:
+    """The job server, once it answers (waits up to ``wait_s``)."""
     deadline = time.time() + wait_s
     while True:
         try:
-            return JobSubmissionClient(address, headers=auth_headers())
+            return JobServer(address)
         except Exception as err:  # connection refused while the head is down
             if time.time() > deadline:
                 raise TimeoutError(f"the job server at {address} did not answer within {wait_s:.0f} s") from err
@@ -70,7 +105,7 @@ def _submit(client: Any, entrypoint: str, runtime_env: dict[str, Any] | None, wa
     deadline = time.time() + wait_s
     while True:
         try:
-            return client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env)
+            return client.submit_job(entrypoint, runtime_env)
         except RuntimeError as err:
             if not any(s in str(err) for s in NOT_SUBMITTED) or time.time() > deadline:
                 raise
@@ -79,12 +114,14 @@ def _submit(client: Any, entrypoint: str, runtime_env: dict[str, Any] | None, wa
 
 
 def _wait(client: Any, job_id: str, poll_s: float, grace_s: float) -> str:
-    """The job's terminal status, or "LOST" when the job server has not answered for ``grace_s``:
-    one failed poll (a busy head, a dropped connection) is retried, not taken for a lost job."""
+    """The job's terminal status, or "LOST" when the job server has not answered for ``grace_s``
+    (one failed poll, a busy head or a dropped connection, is retried, not taken for a lost job),
+    or when the node of the job's driver is dead, whatever its status says."""
     failing_since: float | None = None
     while True:
         try:
             status = str(client.get_job_status(job_id).value)
+            alive = status in TERMINAL or client.driver_alive(job_id)
             failing_since = None
         except Exception as err:  # noqa: BLE001 - the head may be away for a while, or for good
             failing_since = failing_since or time.time()
@@ -95,6 +132,9 @@ def _wait(client: Any, job_id: str, poll_s: float, grace_s: float) -> str:
             continue
         if status in TERMINAL:
             return status
+        if not alive:
+            log.warning("%s reads %s, but the node of its driver is dead: the job is lost", job_id, status)
+            return "LOST"
         time.sleep(poll_s)
 
 
@@ -102,7 +142,7 @@ def _still_running(client: Any, job_id: str) -> bool:
     """Whether the job a lost attempt submitted is still alive after the job server came back (a
     second copy of it would share its run folder and Serve apps)."""
     try:
-        return str(client.get_job_status(job_id).value) not in TERMINAL
+        return str(client.get_job_status(job_id).value) not in TERMINAL and client.driver_alive(job_id)
     except Exception:  # noqa: BLE001 - a new head that never saw the job
         return False
 

@@ -49,6 +49,68 @@ def test_resubmit_wrapper_runs_the_same_command_until_it_succeeds(tmp_path):
     assert marker.read_text() == "xx"
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_resubmit_wrapper_submits_again_after_a_head_crash_though_the_dead_job_reads_running(tmp_path):
+    """The head dies with the job's driver; restarted on the same Redis, its job server reads the
+    job RUNNING for good (Ray 2.60). The wrapper sees that the driver's node is dead and submits
+    again: the second run finishes. (It waited forever before: the `resubmit` drill hung.)"""
+    import threading
+    import time
+
+    from raypost.utils.local_head import LocalHead
+    from raypost.utils.local_redis import LocalRedis
+    from raypost.utils.resubmit import submit_until_done
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    # The first run says it started, then waits; the second finishes at once.
+    script = (
+        f"import os,pathlib,time; d=pathlib.Path({str(runs)!r}); n=len(list(d.iterdir())); "
+        "(d/str(n)).write_text(str(os.getpid())); n == 0 and time.sleep(300)"
+    )
+    box: dict = {}
+    with LocalRedis() as redis:
+        head = LocalHead(num_cpus=1, redis_address=redis.address, block=False).start()
+        wrapper = threading.Thread(
+            target=lambda: box.update(
+                out=submit_until_done(
+                    head.dashboard_url, shlex.join([sys.executable, "-c", script]), max_attempts=3, poll_s=0.5
+                )
+            ),
+            daemon=True,
+        )
+        try:
+            wrapper.start()
+            deadline = time.time() + 180
+            while not (runs / "0").exists() and time.time() < deadline:
+                time.sleep(0.2)
+            assert (runs / "0").exists(), "the first run did not start"
+            head.crash()
+            head.start()
+            wrapper.join(300)
+            assert not wrapper.is_alive(), "the wrapper still waits on the job that died with the head"
+        finally:
+            head.stop()
+            _stop_if_alive(runs / "0")  # the first run's driver, should it have outlived its head
+    out = box["out"]
+    assert out.status == "SUCCEEDED"
+    assert [a["status"] for a in out.attempts] == ["LOST", "SUCCEEDED"]
+    assert sorted(p.name for p in runs.iterdir()) == ["0", "1"]
+
+
+def _stop_if_alive(pid_file) -> None:
+    import signal
+
+    import psutil
+
+    if not pid_file.exists():
+        return
+    pid = int(pid_file.read_text())
+    if psutil.pid_exists(pid) and "python" in psutil.Process(pid).name():
+        os.kill(pid, signal.SIGKILL)
+
+
 def test_data_phase_actors_are_never_restartable(ray_cluster, tiny_model, tmp_path):
     """The data phase leaves no actor a restarted GCS could trip on. Ray Data's actor pools
     default to max_restarts=-1: a GRPO job once left its tokenizer pool DEAD, out of scope and
