@@ -42,9 +42,9 @@ Drills:
   gcs-job   a GRPO job on a head with GCS fault tolerance; only the GCS is down for --outage-s
             seconds, then restarted; the job must finish with nothing lost.
   push-shm, push-object-store, push-collective   a GRPO job on that weight transport; its only
-            rollout replica is SIGKILLed the moment the run's weight board shows a version
-            published that the replica has not acknowledged (benchmarks/chaos_push.py). The
-            replacement must serve the pushed weights (the learner/replica log-prob ratio stays 1).
+            rollout replica is SIGKILLed the moment it logs that it starts loading a version into
+            its engine (benchmarks/chaos_push.py). The replacement must load the newest version
+            before its first request.
 For the GRPO drills, a row reports steps lost (trained, then discarded by the restore), samples
 duplicated (from trained_samples.jsonl: each step trains prompts_per_step x group_size samples,
 all distinct), prompts lost (the first steps x prompts_per_step prompt ids of the order the run
@@ -272,7 +272,7 @@ WORST_MAX = (
     "prompts_unexpected",
     "recover_s",
     "rollout_retries",
-    "behav_ratio_dev_max",
+    "staleness_max",
 )
 
 

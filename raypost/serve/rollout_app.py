@@ -134,9 +134,11 @@ class RolloutServer:
             logging.getLogger("raypost").warning("could not acknowledge weight version %d: %s", self.version, err)
 
     async def _load(self, version: int, source: dict[str, Any]) -> None:
-        """Load ``source`` (a channel's ``fetch``) into the engine's workers as ``version``."""
-        self._loading = version
+        """Load ``source`` (a ``fetch``'s) into the engine as ``version``; logged in the replica's log."""
+        self._loading, t0, log = version, time.perf_counter(), logging.getLogger("ray.serve")
+        log.info("loading weight version %d", version)
         await self.engine.collective_rpc("raypost_load", args=(source,))
+        log.info("weight version %d loaded in %.3f s", version, time.perf_counter() - t0)
 
     async def _drain(self) -> None:
         """Wait for the in-flight requests before a reload (a collective transfer starts with the

@@ -41,8 +41,8 @@ def test_a_record_left_torn_or_holding_the_injected_row_is_not_clean(tmp_path):
 
 def test_a_push_drill_row_counts_the_kills_that_landed_inside_a_push():
     runs = [
-        {"drill": "push-shm", "try": k, "survived": True, "landed_in_push": k != 1, "behav_ratio_dev_max": d}
-        for k, d in enumerate([0.001, 0.004, 0.002])
+        {"drill": "push-shm", "try": k, "survived": True, "landed_in_push": k != 1, "staleness_max": d}
+        for k, d in enumerate([0, 2, 1])
     ]
     (row,) = worst_by_drill(runs)
-    assert row == {"drill": "push-shm", "tries": 3, "survived": True, "behav_ratio_dev_max": 0.004, "landed_in_push": 2}
+    assert row == {"drill": "push-shm", "tries": 3, "survived": True, "staleness_max": 2, "landed_in_push": 2}
