@@ -29,6 +29,10 @@ TRANSPORTS = ("shm", "object_store", "collective")
 WATCH = """
 import glob, json, os, re, signal, sys, time
 import ray
+try:
+    os.nice(-15)  # scheduled ahead of the busy engine: a tiny model's load takes 10-60 ms
+except PermissionError:
+    pass
 deadline, fh, seen, scanned = time.time() + {timeout}, None, "", 0
 while time.time() < deadline:
     if fh is None:  # the replica's stderr, where Serve's logger writes
