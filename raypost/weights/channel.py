@@ -144,15 +144,23 @@ class WeightChannel(ABC):
     def release(self) -> None:  # noqa: B027 - a no-op unless the transport holds replica memory
         """A replica stops: release what it holds for its engine's workers (object_store: its memfd)."""
 
-    def close(self) -> None:
-        """The run ended (called where the run was started): remove the board; the pushed
-        weights are in the checkpoints."""
+    def close(self, wait_s: float = 30.0) -> None:
+        """The run ended (called where the run was started): remove the board, and wait up to
+        ``wait_s`` until its name is free (``ray.kill`` returns first: a run of the same name started
+        at once could otherwise get the dying board); the pushed weights are in the checkpoints."""
         import ray
 
         try:
             ray.kill(ray.get_actor(self.board_name, namespace=NAMESPACE))
         except ValueError:  # never created, or already gone
-            pass
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(self.board_name, namespace=NAMESPACE)
+            except ValueError:
+                return
+            time.sleep(0.1)
 
     @property
     def board_name(self) -> str:

@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import ray
 import torch
 
 from tests.conftest import ROOT
@@ -77,6 +78,8 @@ def test_shm_files_are_removed_on_the_node_that_holds_them(ray_cluster, monkeypa
     monkeypatch.setattr(shm.shutil, "rmtree", lambda *a, **k: None)  # this process removes nothing
     learner.close()
     assert not (Path("/dev/shm") / key).exists()
+    with pytest.raises(ValueError):  # close() returns once the board's name is free for a next run
+        ray.get_actor(learner.board_name, namespace="raypost")
 
 
 def test_buckets_hold_whole_tensors_up_to_the_bucket_size():
