@@ -86,6 +86,13 @@ class AlgoConfig(StrictModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Rollout nucleus sampling.")
     max_new_tokens: int = Field(48, ge=1, le=1_000_000, description="Rollout generation budget.")
     steps: int = Field(60, ge=1, le=10_000_000, description="GRPO optimizer steps.")
+    skip_zero_terms: bool = Field(
+        True,
+        description="The learner runs no forward or backward on a sequence whose loss term is zero: advantage "
+        "0 (its group's rewards all equal) with no KL term (beta 0), or no token in the loss. The gradient "
+        "is the same; the step is cheaper. The loss metrics (entropy, clip_frac) are then over the sequences "
+        "trained, and skipped_frac reports the share left out.",
+    )
 
     @model_validator(mode="after")
     def _clip_order(self) -> AlgoConfig:

@@ -72,9 +72,19 @@ def extensions_in_this_env() -> None:
     which by default is one per user (``~/.cache/torch_extensions/py311_cpu``): two environments
     with different torch or DeepSpeed builds would each rebuild it whenever the other had last.
     Nothing changes outside a venv (the system prefix may not be writable) or when the user set
-    ``TORCH_EXTENSIONS_DIR``."""
-    if sys.prefix != sys.base_prefix:
-        os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
+    ``TORCH_EXTENSIONS_DIR``.
+
+    The venv's ``ninja`` (a dependency of DeepSpeed) goes first on ``PATH``, as an activated venv
+    has it: torch runs whichever ``ninja`` is found, and ninja 1.11 (Debian's) and 1.13 (PyPI's)
+    hash the commands in the build log differently, so a process that found the other one rebuilt
+    the op each time (20-25 s of a learner's start here)."""
+    if sys.prefix == sys.base_prefix:
+        return
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
+    tools = os.path.join(sys.prefix, "bin")
+    path = os.environ.get("PATH", "")
+    if os.path.isfile(os.path.join(tools, "ninja")) and path.split(os.pathsep)[0] != tools:
+        os.environ["PATH"] = os.pathsep.join(p for p in (tools, path) if p)
 
 
 def prebuild_comm_op() -> None:

@@ -8,7 +8,10 @@ gradient, ``delta = -lr * grad``, so comparing updates compares gradients at eve
 (ZeRO-2/3 partition gradients; the gathered weights are whole). The reference layout is one
 rank with the whole batch in one micro-batch; the split one is 2 ranks x micro-batch 2 x
 accumulation 2, at ZeRO 0, 2 and 3. The batch's sequence lengths differ by up to 60x, so a loss
-normalized per micro-batch instead of over the global batch gives another gradient.
+normalized per micro-batch instead of over the global batch gives another gradient. One GRPO row
+has advantage 0: the split layout's GRPO step leaves it out of its micro-batches
+(``algo.skip_zero_terms``; then the two ranks train 3 rows each in 2 micro-batches of uneven
+size), the reference computes it.
 
     .venv/bin/python -m tests.harness.learner_equivalence [OUT_NAME.json]
 
@@ -61,6 +64,8 @@ def _grpo(loss: str, beta: float = 0.0, correction: str = "tis") -> Callable:
                     "prompts_per_step": 2,
                     "eps_high": 0.28 if loss == "dapo" else 0.2,
                     "max_new_tokens": 64,
+                    # the reference layout computes every row; the split one leaves out zero terms
+                    "skip_zero_terms": world > 1,
                 },
                 "async_rl": {"correction": correction},
                 "optim": {"micro_batch_size": micro},

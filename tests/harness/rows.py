@@ -44,7 +44,8 @@ def sft_rows(vocab: int, teacher: bool = False) -> list[dict[str, Any]]:
 
 def rl_rows(vocab: int, teacher: bool = False) -> list[Sequence]:
     """GRPO / on-policy sequences: prompt + completion, behaviour log-probs, advantages; row 7
-    is masked out of the loss (an overlong-filtered sample). Every 5th behaviour log-prob is far
+    is masked out of the loss (an overlong-filtered sample), row 2 has advantage 0 (a group whose
+    rewards were all equal). Every 5th behaviour log-prob is far
     below the policy's (about -6.2 on this vocabulary), so its importance weight passes the cap
     (TIS truncates it, the decoupled objective drops the token)."""
     rng = random.Random(1)
@@ -54,6 +55,7 @@ def rl_rows(vocab: int, teacher: bool = False) -> list[Sequence]:
         row = Sequence(
             ids=_ids(rng, p + c, vocab), start=p, old=old, sample_id=f"{i}#0", adv=rng.uniform(-1.5, 1.5), train=i != 7
         )
+        row.adv = 0.0 if i == 2 else row.adv
         if teacher:
             row.teacher = [-rng.uniform(1.0, 8.0) for _ in range(c)]
             row.top_ids = [rng.randrange(4, vocab) for _ in range(c * K)]

@@ -52,3 +52,26 @@ def test_deepspeeds_built_op_is_kept_in_this_venv(monkeypatch):
     monkeypatch.setattr(sys, "prefix", "/usr")  # no venv: torch's default, the system prefix may be read-only
     extensions_in_this_env()
     assert "TORCH_EXTENSIONS_DIR" not in os.environ
+
+
+def test_the_venvs_ninja_builds_the_op(monkeypatch, tmp_path):
+    """torch runs the first ``ninja`` on PATH; Debian's 1.11 and PyPI's 1.13 hash the build log's
+    commands differently, so a learner that found the other one rebuilt the op (20-25 s). The
+    venv's own ninja goes first, once."""
+    import os
+    import sys
+
+    from raypost.train.engine import extensions_in_this_env
+
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "ninja").write_text("")
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    monkeypatch.setattr(sys, "base_prefix", "/usr")
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    extensions_in_this_env()
+    extensions_in_this_env()
+    assert os.environ["PATH"] == f"{tmp_path}/bin:/usr/bin:/bin"
+    (tmp_path / "bin" / "ninja").unlink()  # a venv without ninja: PATH as it was
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    extensions_in_this_env()
+    assert os.environ["PATH"] == "/usr/bin:/bin"
