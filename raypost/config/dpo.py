@@ -66,7 +66,8 @@ class PolicyPairsConfig(StrictModel):
     ``samples`` completions of each question on a vLLM replica serving the starting policy,
     scores them on the reward app, and keeps per question the highest-reward sample as chosen
     and the lowest as rejected, as sampled (token ids, not re-tokenized), when their rewards
-    differ by more than ``min_margin``. Held-out questions give the held-out pairs the same way,
+    differ by more than ``min_margin`` (``pairs_per_question`` > 1: also the next distinct
+    low-reward samples, each against a best one). Held-out questions give the held-out pairs the same way,
     and their greedy accuracy before and after training is the run's headline figure."""
 
     enabled: bool = Field(False, description="Sample the pairs from the policy (off: pairs.build or given pairs).")
@@ -79,6 +80,13 @@ class PolicyPairsConfig(StrictModel):
     )
     max_prompts: int | None = Field(
         None, ge=1, le=100_000_000, description="Sample at most this many training questions (seeded pick)."
+    )
+    pairs_per_question: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Pairs kept per question: its distinct low-reward samples, worst first, each against a "
+        "best one (1: best against worst). More pairs from the same samples where few questions give one.",
     )
     prompts_per_request: int = Field(8, ge=1, le=4096, description="Questions per rollout request.")
     concurrency: int = Field(2, ge=1, le=1024, description="Ray Data actors sending requests at once.")

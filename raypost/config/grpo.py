@@ -146,7 +146,12 @@ class GRPOConfig(StrictModel):
         "is too slow for 40 steps; on a pretrained model use far less (examples/grpo_smollm2.yaml).",
     )
     deepspeed: DeepSpeedConfig = Field(default_factory=DeepSpeedConfig, description="DeepSpeed/ZeRO.")
-    resources: ResourcesConfig = Field(default_factory=ResourcesConfig, description="Learner placement.")
+    resources: ResourcesConfig = Field(
+        default_factory=lambda: ResourcesConfig(jemalloc_decay_ms=60_000),
+        description="Learner placement. Freed pages go back to the OS after 60 s (jemalloc_decay_ms): batch "
+        "shapes vary (skipped rows, response lengths), and keeping every freed page grew a SmolLM2 learner "
+        "0.05-0.17 GB a step into an OOM kill at step 81; 60 s held it at 3.9-4.1 GB, steps 1.2x longer.",
+    )
     placement: Literal["disaggregated", "colocated"] = Field(
         "disaggregated",
         description="disaggregated: rollout and learner reserve separate CPUs/GPUs; colocated: "

@@ -204,33 +204,55 @@ def best_worst(rewards: list[float], min_margin: float) -> tuple[int, int] | Non
     return (hi, lo) if rewards[hi] - rewards[lo] > min_margin else None
 
 
-def policy_pairs(scored: list[dict[str, Any]], min_margin: float, max_seq_len: int) -> tuple[list[dict], dict]:
+def ranked_pairs(rewards: list[float], ids: list[list[int]], min_margin: float, n: int) -> list[tuple[int, int]]:
+    """Up to ``n`` (chosen, rejected) index pairs of one question's samples: each distinct
+    rejected completion (by token ids), worst reward first (first of ties), whose reward is more
+    than ``min_margin`` below the best, paired in turn with the distinct best-reward completions.
+    ``n`` 1 is ``best_worst``'s pair; none where every low sample repeats a best one's tokens."""
+    best = max(rewards)
+    chosen: dict[tuple[int, ...], int] = {}
+    for i, r in enumerate(rewards):
+        if r == best:
+            chosen.setdefault(tuple(ids[i]), i)
+    rejected: dict[tuple[int, ...], int] = {}
+    for i in sorted(range(len(rewards)), key=lambda i: (rewards[i], i)):
+        key = tuple(ids[i])
+        if best - rewards[i] > min_margin and key not in chosen:
+            rejected.setdefault(key, i)
+    tops = list(chosen.values())
+    return [(tops[j % len(tops)], r) for j, r in enumerate(list(rejected.values())[:n])]
+
+
+def policy_pairs(
+    scored: list[dict[str, Any]], min_margin: float, max_seq_len: int, per_question: int = 1
+) -> tuple[list[dict], dict]:
     """Sampled questions (``phases.passrate.sample``'s rows, with ``question``) -> pair rows of
     token ids as sampled (``prompt_ids``, ``chosen_ids``, ``rejected_ids``, with their texts and
-    rewards), and the count of each reason a question gave no pair."""
+    rewards), at most ``per_question`` a question (``ranked_pairs``; the id of the j-th after the
+    first is ``<id>#<j>``), and the count of each reason a question or pair was dropped."""
     pairs, dropped = [], {"no_margin": 0, "identical": 0, "too_long": 0}
     for row in scored:
-        picked = best_worst(row["rewards"], min_margin)
-        if picked is None:
+        if best_worst(row["rewards"], min_margin) is None:
             dropped["no_margin"] += 1
             continue
-        c, r = (row["completion_ids"][i] for i in picked)
-        if c == r:
-            dropped["identical"] += 1
-        elif len(row["prompt_ids"]) + max(len(c), len(r)) > max_seq_len:
-            dropped["too_long"] += 1
-        else:
+        picked = ranked_pairs(row["rewards"], row["completion_ids"], min_margin, per_question)
+        dropped["identical"] += not picked
+        for j, (c, r) in enumerate(picked):
+            c_ids, r_ids = row["completion_ids"][c], row["completion_ids"][r]
+            if len(row["prompt_ids"]) + max(len(c_ids), len(r_ids)) > max_seq_len:
+                dropped["too_long"] += 1
+                continue
             pairs.append(
                 {
-                    "id": row["id"],
+                    "id": row["id"] if j == 0 else f"{row['id']}#{j}",
                     "prompt": row["question"],
-                    "chosen": row["completions"][picked[0]],
-                    "rejected": row["completions"][picked[1]],
-                    "chosen_reward": row["rewards"][picked[0]],
-                    "rejected_reward": row["rewards"][picked[1]],
+                    "chosen": row["completions"][c],
+                    "rejected": row["completions"][r],
+                    "chosen_reward": row["rewards"][c],
+                    "rejected_reward": row["rewards"][r],
                     "prompt_ids": row["prompt_ids"],
-                    "chosen_ids": c,
-                    "rejected_ids": r,
+                    "chosen_ids": c_ids,
+                    "rejected_ids": r_ids,
                 }
             )
     return pairs, dropped

@@ -93,8 +93,9 @@ def _sample(cfg: DPOConfig, model_path: str, data: PreparedData) -> tuple[list[d
         log.info("held-out accuracy of the starting policy: %.3f (%d questions)", before["accuracy"], before["n"])
         scored = {split: passrate.sample(specs[split], prompts[split], names) for split in specs}
     rows, summary = [], {"heldout_before": before, "sample_wall_s": time.time() - t0}
+    pc = cfg.policy_pairs
     for split, sampled in scored.items():
-        pairs, dropped = policy_pairs(sampled, cfg.policy_pairs.min_margin, cfg.data.max_seq_len)
+        pairs, dropped = policy_pairs(sampled, pc.min_margin, cfg.data.max_seq_len, pc.pairs_per_question)
         rows += [{**p, "split": split} for p in pairs]
         rewards = [x for s in sampled for x in s["rewards"]]
         summary[split] = {
@@ -128,7 +129,7 @@ def build(cfg: DPOConfig, model_path: str, data: PreparedData, run_dir: Path) ->
     for split in ("train", "eval"):
         s = summary[split]
         log.info(
-            "policy pairs (%s): %d of %d questions, mean reward %.3f, dropped %s",
+            "policy pairs (%s): %d pairs from %d questions, mean reward %.3f, dropped %s",
             split,
             s["pairs"],
             s["questions"],

@@ -139,20 +139,41 @@ def _producer(
     )
 
 
-def _throughput(started: float) -> Callable[[list[Sequence], dict[str, float], float], dict[str, float]]:
+def memory_warning(first_gb: float, now_gb: float, warned_gb: float, decay_ms: int) -> str | None:
+    """A warning when the learner's resident memory has doubled since its first step and since
+    the last warning (``warned_gb``; 0 before any): freed pages kept by jemalloc
+    (``resources.jemalloc_decay_ms`` -1) grow it when batch shapes vary, until an OOM kill."""
+    if now_gb < 2 * first_gb or now_gb < 2 * warned_gb:
+        return None
+    fix = (
+        "set --resources.jemalloc_decay_ms 5000 (flat memory, a slower learner)"
+        if decay_ms < 0
+        else "lower resources.jemalloc_decay_ms, or set resources.jemalloc false"
+    )
+    return f"learner memory grew from {first_gb:.1f} to {now_gb:.1f} GB since its first step: {fix}"
+
+
+def _throughput(started: float, decay_ms: int) -> Callable[[list[Sequence], dict[str, float], float], dict[str, float]]:
     """Per step: generated tokens per generation second and per step second, the share of the run
-    the learner spent waiting for rollouts, and rank 0's resident memory."""
+    the learner spent waiting for rollouts, and rank 0's resident memory (a warning each time it
+    doubles: ``memory_warning``)."""
     import psutil
 
-    waited = [0.0]
+    waited, rss = [0.0], {"first": 0.0, "warned": 0.0}
 
     def extra(seqs: list[Sequence], metrics: dict[str, float], step_s: float) -> dict[str, float]:
         tokens, waited[0] = sum(s.sampled_len for s in seqs), waited[0] + metrics["learner_wait_s"]
+        now = psutil.Process().memory_info().rss / 2**30  # rank 0's resident memory
+        rss["first"] = rss["first"] or now
+        warning = memory_warning(rss["first"], now, rss["warned"], decay_ms)
+        if warning:
+            rss["warned"] = now
+            log.warning(warning)
         return {
             "gen_tokens_per_s": tokens / max(metrics["generate_s"], 1e-9),
             "trained_tokens_per_s": tokens / step_s,
             "learner_wait_frac": waited[0] / (time.perf_counter() - started),
-            "learner_rss_gb": psutil.Process().memory_info().rss / 2**30,  # rank 0's resident memory
+            "learner_rss_gb": now,
         }
 
     return extra
@@ -197,7 +218,7 @@ def rl_loop(config: dict[str, Any], config_class: type[GRPOConfig], phase: str, 
         shown=("reward_mean", "accuracy", "loss", "explained_variance", "gen_tokens_per_s", "staleness_max", "step_s"),
         take=lambda st: _batch(producer, cfg, st, base_cursor),
         learn=learn,
-        extra=_throughput(time.perf_counter()),
+        extra=_throughput(time.perf_counter(), cfg.resources.jemalloc_decay_ms),
         start=lambda: producer.start(),
         advance=lambda v: producer.advance(v),
         stop=lambda: producer.stop(),

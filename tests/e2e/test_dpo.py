@@ -76,11 +76,12 @@ def test_dpo_pipeline_makes_the_policy_prefer_the_chosen_responses(ray_cluster, 
 @pytest.mark.slow
 def test_dpo_on_the_policys_own_samples_pairs_best_and_worst_as_sampled_and_resumes(ray_cluster, tmp_path):
     """``policy_pairs``: the tiny model on a vLLM replica samples 4 completions per question and
-    a reward app scores them pass/fail by a hash of the text (tests.reward_fns:coin). Each kept
-    pair is checked against what it must be: its rewards recomputed here are 1 and 0, its ids
-    are the question's chat prompt and decode to the texts sampled; every question sampled is a
-    pair or a counted drop. The held-out accuracy is measured before and after; a resumed run
-    reuses the pairs."""
+    a reward app scores them pass/fail by a hash of the text (tests.reward_fns:coin), up to 2
+    pairs a question. Each kept pair is checked against what it must be: its rewards recomputed
+    here are 1 and 0, its ids are the question's chat prompt and decode to the texts sampled, a
+    question's second pair has another rejected text; every question sampled gives pairs or is
+    a counted drop. The held-out accuracy is measured before and after; a resumed run reuses
+    the pairs."""
     from raypost.data.tokenize import prompt_ids
     from raypost.models.hf import load_tokenizer
     from tests.reward_fns import coin
@@ -91,6 +92,7 @@ def test_dpo_on_the_policys_own_samples_pairs_best_and_worst_as_sampled_and_resu
         *("--data.synthetic", "{num_train: 200, num_eval: 12}", "--data.max_seq_len", "128"),
         *("--policy_pairs.enabled", "true", "--policy_pairs.samples", "4", "--policy_pairs.max_prompts", "16"),
         *("--policy_pairs.max_new_tokens", "16", "--eval.max_new_tokens", "16", "--rollout.max_model_len", "256"),
+        *("--policy_pairs.pairs_per_question", "2"),
         *("--reward.rewards", '[{name: coin, fn: "tests.reward_fns:coin", weight: 1.0}]'),
         *("--dpo.max_steps", "2", "--dpo.max_eval_pairs", "6", "--optim.micro_batch_size", "4"),
     ]
@@ -101,7 +103,15 @@ def test_dpo_on_the_policys_own_samples_pairs_best_and_worst_as_sampled_and_resu
     train = [r for r in rows if r["split"] == "train"]
     assert summary["train"]["questions"] == 16 and summary["eval"]["questions"] == 6
     assert len(train) == summary["train"]["pairs"] > 0
-    assert summary["train"]["pairs"] + sum(summary["train"]["dropped"].values()) == 16
+    by_question: dict[str, list[dict]] = {}
+    for r in train:
+        by_question.setdefault(r["id"].split("#")[0], []).append(r)
+    dropped = summary["train"]["dropped"]
+    assert dropped["too_long"] == 0 and len(by_question) + dropped["no_margin"] + dropped["identical"] == 16
+    for pairs in by_question.values():
+        assert [r["id"] for r in pairs] == [pairs[0]["id"], f"{pairs[0]['id']}#1"][: len(pairs)]
+        assert len({r["rejected"] for r in pairs}) == len(pairs) and len({r["prompt"] for r in pairs}) == 1
+    assert any(len(pairs) == 2 for pairs in by_question.values())
     tok = load_tokenizer(str(run / "base_model"))
     for r in rows:
         assert coin([], [r["chosen"], r["rejected"]]) == [1.0, 0.0] == [r["chosen_reward"], r["rejected_reward"]]
