@@ -236,7 +236,7 @@ def policy_pairs(
             dropped["no_margin"] += 1
             continue
         picked = ranked_pairs(row["rewards"], row["completion_ids"], min_margin, per_question)
-        dropped["identical"] += not picked
+        dropped["identical"] += int(not picked)
         for j, (c, r) in enumerate(picked):
             c_ids, r_ids = row["completion_ids"][c], row["completion_ids"][r]
             if len(row["prompt_ids"]) + max(len(c_ids), len(r_ids)) > max_seq_len:

@@ -146,7 +146,7 @@ def memory_warning(first_gb: float, now_gb: float, warned_gb: float, decay_ms: i
     if now_gb < 2 * first_gb or now_gb < 2 * warned_gb:
         return None
     fix = (
-        "set --resources.jemalloc_decay_ms 5000 (flat memory, a slower learner)"
+        "set --resources.jemalloc_decay_ms 60000 (flat memory, a slower learner)"
         if decay_ms < 0
         else "lower resources.jemalloc_decay_ms, or set resources.jemalloc false"
     )

@@ -9,11 +9,11 @@ from raypost.train.grpo_loop import memory_warning
 def test_warns_at_each_doubling_and_names_the_fix():
     assert memory_warning(5.8, 11.5, 0.0, -1) is None  # under 2x the first step
     first = memory_warning(5.8, 11.6, 0.0, -1)
-    assert first is not None and "5.8 to 11.6 GB" in first and "--resources.jemalloc_decay_ms 5000" in first
+    assert first is not None and "5.8 to 11.6 GB" in first and "--resources.jemalloc_decay_ms 60000" in first
     assert memory_warning(5.8, 15.2, 11.6, -1) is None  # warned at 11.6: quiet until 23.2
     assert memory_warning(5.8, 23.2, 11.6, -1) is not None
     finite = memory_warning(4.0, 8.0, 0.0, 5000)
-    assert finite is not None and "resources.jemalloc false" in finite and "5000 (" not in finite
+    assert finite is not None and "resources.jemalloc false" in finite and "60000 (" not in finite
 
 
 def test_grpo_learners_give_freed_pages_back_after_a_minute_unless_told():
