@@ -9,7 +9,7 @@ The reference is ``--reference`` (the example's DAPO). Each run is the ``raypost
 a child process with its own local Ray cluster. Reports the held-out greedy accuracy after the
 warm-up and after GRPO, the gain, its difference from the reference's gain at the same seed and
 overrides, the mean GRPO step time and the wall time. benchmarks/out/policy_losses.json keeps
-every run: this command's runs replace those of the same loss, seed and overrides, so seeds can be
+every run: this command's runs replace those of the same loss, seed, steps and overrides, so seeds can be
 added one command at a time.
 """
 
